@@ -1,0 +1,31 @@
+# One venv for everything; every target sets it up if missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint bench clean
+
+$(BIN)/ringfence: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+setup: $(BIN)/ringfence
+
+demo: setup
+	$(BIN)/ringfence demo
+
+test: setup
+	$(BIN)/ruff check src tests
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy
+
+bench: setup
+	$(BIN)/python -m ringfence.bench
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache

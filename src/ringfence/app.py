@@ -1,0 +1,168 @@
+"""The application object: settings, the task registry, and the producer API."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable
+from typing import Any, overload
+
+from ringfence.client import Client
+from ringfence.errors import ConfigError
+from ringfence.models import DeadJob
+from ringfence.redis.broker import Broker
+from ringfence.settings import RetryPolicy, TaskOptions, WorkerSettings, check, check_name, env_default
+from ringfence.tasks import EnqueueOptions, Registry, RetryDelay, Task
+
+log = logging.getLogger("ringfence")
+
+DeadHook = Callable[[DeadJob], Any]
+_DEFAULT: Any = object()  # "use the app default", distinct from None ("off")
+
+
+class App:
+    """A ringfence application.
+
+    Example::
+
+        app = App(redis_url="redis://127.0.0.1:6379/0", environment="production")
+
+        @app.task(queue="critical")
+        async def charge_order(ctx, order_id: int, amount: int) -> None: ...
+
+    With no ``redis_url`` and no ``RINGFENCE_REDIS_URL`` it starts an embedded Redis (demos only).
+    """
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        namespace: str | None = None,
+        *,
+        environment: str | None = None,
+        worker: WorkerSettings | None = None,
+        retry: RetryPolicy | None = None,
+        timeout_s: float = 300.0,
+        expiry_s: float | None = 86400.0,
+        fence_url: str | None = None,
+    ) -> None:
+        self._redis_url = redis_url or env_default("RINGFENCE_REDIS_URL")
+        self.namespace = check_name("namespace", namespace or env_default("RINGFENCE_NAMESPACE", "ringfence") or "")
+        self.environment = check_name("environment", environment or env_default("RINGFENCE_ENV", "default") or "")
+        self.worker_settings = worker or WorkerSettings()
+        check(self.worker_settings.problems())
+        self.default_retry = retry or RetryPolicy()
+        self.default_timeout_s = timeout_s
+        self.default_expiry_s = expiry_s
+        self.fence_url = fence_url or env_default("RINGFENCE_FENCE_URL")
+        self.registry = Registry()
+        self.client = Client(self)
+        self.dead_hooks: list[DeadHook] = []
+        self._broker: Broker | None = None
+        self._embedded: Any = None
+
+    # -- wiring ---------------------------------------------------------------------------------
+    @property
+    def redis_url(self) -> str:
+        if self._redis_url is None:
+            from ringfence.redis.embedded import EmbeddedRedis
+
+            self._embedded = EmbeddedRedis.temporary()
+            self._redis_url = self._embedded.url
+            # Child processes (workers of a demo) share this server.
+            os.environ["RINGFENCE_REDIS_URL"] = self._redis_url
+            log.warning("no Redis URL given: started an embedded Redis at %s (for demos only)", self._redis_url)
+        return self._redis_url
+
+    @property
+    def broker(self) -> Broker:
+        if self._broker is None:
+            self._broker = Broker(self.redis_url, self.namespace)
+        return self._broker
+
+    # -- declaration ----------------------------------------------------------------------------
+    @overload
+    def task(self, fn: Callable[..., Any], /) -> Task: ...
+    @overload
+    def task(self, fn: None = None, /, **options: Any) -> Callable[[Callable[..., Any]], Task]: ...
+
+    def task(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+        """Register a handler: ``@app.task`` or ``@app.task(name=..., queue=..., max_attempts=..., timeout_s=...,
+        expiry_s=..., retry=RetryPolicy(...), retry_delay=fn(attempt, exc), permanent=(ExcType, ...))``."""
+        if fn is not None:
+            return self._register(fn, **options)
+        return lambda f: self._register(f, **options)
+
+    def _register(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        max_attempts: int | None = None,
+        timeout_s: float | None = None,
+        expiry_s: float | None = _DEFAULT,
+        retry: RetryPolicy | None = None,
+        retry_delay: RetryDelay | None = None,
+        permanent: Iterable[type[BaseException]] = (),
+    ) -> Task:
+        policy = retry or self.default_retry
+        if max_attempts is not None:
+            policy = RetryPolicy(max_attempts, policy.base_s, policy.cap_s, policy.jitter)
+        options = TaskOptions(
+            name=name or f"{fn.__module__}.{fn.__qualname__}",
+            queue=queue,
+            timeout_s=self.default_timeout_s if timeout_s is None else timeout_s,
+            expiry_s=self.default_expiry_s if expiry_s is _DEFAULT else expiry_s,
+            retry=policy,
+        )
+        check(options.problems(self.worker_settings))
+        task = Task(self, fn, options, tuple(permanent), retry_delay)
+        self.registry.add(task)
+        return task
+
+    def on_dead(self, hook: DeadHook) -> DeadHook:
+        """Call ``hook(dead_job)`` in the worker after a job reaches dead-letter (usable as a decorator)."""
+        self.dead_hooks.append(hook)
+        return hook
+
+    def check(self, worker: WorkerSettings | None = None) -> None:
+        """Check every task against the worker settings; raise one ConfigError listing all violations."""
+        settings = worker or self.worker_settings
+        problems = list(settings.problems())
+        for task in self.registry.tasks.values():
+            problems += task.options.problems(settings)
+        check(problems)
+
+    # -- producing ------------------------------------------------------------------------------
+    def enqueue_many(self, task: Task, payloads: Iterable[dict[str, Any]], **options: Any) -> list[str]:
+        """Enqueue many jobs of one task in one round trip per queue; returns their ids in order."""
+        return self.client.enqueue_many(task, payloads, EnqueueOptions(**options))
+
+    async def aenqueue_many(self, task: Task, payloads: Iterable[dict[str, Any]], **options: Any) -> list[str]:
+        return await self.client.aenqueue_many(task, payloads, EnqueueOptions(**options))
+
+    def close(self) -> None:
+        if self._broker is not None:
+            self._broker.close()
+        if self._embedded is not None:
+            self._embedded.stop()
+
+
+def load_app(path: str) -> App:
+    """Import ``module:attr`` and return the App it names."""
+    import importlib
+    import sys
+
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"--app {path!r} must look like 'package.module:app'")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--app {path!r}: cannot import {module_name!r}: {exc}") from exc
+    app = getattr(module, attr, None)
+    if not isinstance(app, App):
+        raise ConfigError(f"--app {path!r}: {attr!r} in {module_name!r} is not a ringfence App")
+    return app

@@ -1,0 +1,3 @@
+from ringfence.cli import main
+
+main()

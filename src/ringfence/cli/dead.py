@@ -1,0 +1,104 @@
+"""``ringfence dead list|show|replay|delete|prune``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import click
+
+from ringfence import inspect
+from ringfence.app import App
+from ringfence.cli import app_option, main
+from ringfence.cli.ops import print_json, print_table
+from ringfence.errors import ConfigError
+from ringfence.models import DeadJob
+
+
+def filters(fn):  # type: ignore[no-untyped-def]
+    fn = click.option("--queue", default=None, help="only this queue")(fn)
+    fn = click.option("--task", default=None, help="only this task name")(fn)
+    fn = click.option("--error", default=None, help="only errors containing this text")(fn)
+    return click.option("--reason", default=None, help="only this reason (max_attempts, permanent, in_doubt, ...)")(fn)
+
+
+def _select(app: App, ids: tuple[str, ...], all_: bool, **flt: str | None) -> list[DeadJob]:
+    has_filter = any(v is not None for v in flt.values())
+    if not ids and not all_ and not has_filter:
+        raise ConfigError("name job ids, a filter (--task/--queue/--error/--reason), or --all")
+    if ids:
+        found = [inspect.find_dead(app.broker, i) for i in ids]
+        missing = [i for i, j in zip(ids, found, strict=True) if j is None]
+        if missing:
+            raise ConfigError(f"not in dead-letter: {', '.join(missing)}")
+        return [j for j in found if j is not None]
+    return inspect.dead_jobs(app.broker, inspect.DeadFilter(**flt))
+
+
+@main.group()
+def dead() -> None:
+    """Dead-letter: jobs that ran out of attempts, failed permanently, expired or are parked in doubt."""
+
+
+@dead.command("list")
+@app_option
+@filters
+@click.option("--limit", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def list_(app: App, limit: int, as_json: bool, **flt: str | None) -> None:
+    jobs = inspect.dead_jobs(app.broker, inspect.DeadFilter(**flt), limit)
+    if as_json:
+        print_json([j.to_dict() for j in jobs])
+        return
+    rows = [{"id": j.id, "queue": j.queue, "task": j.task, "reason": j.reason, "attempts": j.attempts,
+             "died": datetime.fromtimestamp(j.died_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S"),
+             "error": j.error[:60]} for j in jobs]
+    print_table("dead jobs (newest first)", rows, ["id", "queue", "task", "reason", "attempts", "died", "error"])
+
+
+@dead.command()
+@app_option
+@click.argument("job_id")
+def show(app: App, job_id: str) -> None:
+    job = inspect.find_dead(app.broker, job_id)
+    if job is None:
+        raise ConfigError(f"not in dead-letter: {job_id}")
+    print_json(job.to_dict())
+
+
+@dead.command()
+@app_option
+@click.argument("ids", nargs=-1)
+@filters
+@click.option("--all", "all_", is_flag=True, help="every dead job (of --queue if given)")
+def replay(app: App, ids: tuple[str, ...], all_: bool, **flt: str | None) -> None:
+    """Run dead jobs again under the same id (fences still apply), attempts reset."""
+    jobs = _select(app, ids, all_, **flt)
+    done = 0
+    for queue in sorted({j.queue for j in jobs}):
+        done += len(app.broker.run(app.broker.replay(queue, [j.id for j in jobs if j.queue == queue])))
+    click.echo(f"replayed {done} job(s)")
+
+
+@dead.command()
+@app_option
+@click.argument("ids", nargs=-1)
+@filters
+@click.option("--all", "all_", is_flag=True)
+def delete(app: App, ids: tuple[str, ...], all_: bool, **flt: str | None) -> None:
+    """Delete dead jobs for good."""
+    jobs = _select(app, ids, all_, **flt)
+    done = 0
+    for queue in sorted({j.queue for j in jobs}):
+        done += app.broker.run(app.broker.delete_dead(queue, [j.id for j in jobs if j.queue == queue]))
+    click.echo(f"deleted {done} job(s)")
+
+
+@dead.command()
+@app_option
+@click.option("--older-than-days", type=float, required=True, help="delete dead jobs older than this")
+def prune(app: App, older_than_days: float) -> None:
+    """Explicit retention: delete dead jobs older than N days (nothing is dropped unless you run this)."""
+    total = 0
+    for queue in app.broker.queues():
+        total += app.broker.run(app.broker.delete_dead(queue, older_than_ms=int(older_than_days * 86_400_000)))
+    click.echo(f"deleted {total} job(s)")

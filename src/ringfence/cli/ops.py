@@ -1,0 +1,84 @@
+"""``ringfence info``, ``servers`` and ``queue pause|resume``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from ringfence import inspect
+from ringfence.app import App
+from ringfence.cli import app_option, main
+
+
+def print_json(data: Any) -> None:
+    click.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+
+
+def print_table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("queue", "id", "host", "queues", "task") else "right")
+    for row in rows:
+        table.add_row(*[str(row.get(c, "")) for c in columns])
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)  # pipes and logs: never squeeze columns
+    console.print(table)
+
+
+@main.command()
+@app_option
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def info(app: App, as_json: bool) -> None:
+    """Per queue: pending, active, scheduled, retry, dead, processed, failed, latency, paused."""
+    rows = inspect.info(app.broker)
+    if as_json:
+        print_json({"namespace": app.namespace, "environment": app.broker.environment(), "queues": rows})
+        return
+    cols = ["queue", "pending", "active", "scheduled", "retry", "dead", "processed", "failed", "latency_s", "paused"]
+    print_table(f"ringfence {app.namespace}", rows, cols)
+
+
+@main.command()
+@app_option
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def servers(app: App, as_json: bool) -> None:
+    """Live worker processes and what they serve."""
+    rows = inspect.servers(app.broker)
+    if as_json:
+        print_json(rows)
+        return
+    now = time.time()
+    view = [
+        {**s, "queues": ",".join(f"{q}={w}" for q, w in s["queues"].items()),
+         "running": len(s["running"]), "up_s": int(now - s["started"]), "beat_s": round(now - s["heartbeat"], 1)}
+        for s in rows
+    ]
+    print_table("servers", view, ["host", "pid", "environment", "queues", "concurrency", "running", "processed",
+                                  "up_s", "beat_s"])
+
+
+@main.group()
+def queue() -> None:
+    """Pause or resume a queue (a paused queue keeps its jobs)."""
+
+
+@queue.command()
+@app_option
+@click.argument("name")
+def pause(app: App, name: str) -> None:
+    app.broker.set_paused(name, True)
+    click.echo(f"paused {name}")
+
+
+@queue.command()
+@app_option
+@click.argument("name")
+def resume(app: App, name: str) -> None:
+    app.broker.set_paused(name, False)
+    click.echo(f"resumed {name}")

@@ -1,0 +1,87 @@
+"""Every error ringfence raises.
+
+::
+
+    RingfenceError
+    ├── ConfigError            a setting breaks an invariant; the app or worker refuses to start
+    ├── EnvironmentMismatch    the namespace belongs to another environment (staging vs production)
+    ├── PayloadError           a payload cannot be encoded or decoded (names the task and field)
+    ├── BrokerError
+    │   └── LeaseLost          this attempt no longer owns the job (its lease expired or was recovered)
+    ├── JobError               raised by handlers to steer retries
+    │   ├── Permanent          do not retry: dead-letter at once
+    │   └── RetryLater         retry after a delay without burning an attempt
+    └── FenceError
+        ├── FenceConflict      same fence key, different parameters
+        ├── FencedOut          a write from a run that lost ownership (stale epoch)
+        ├── FenceBusy          another live run owns the key
+        └── InDoubt            the effect may have happened and cannot be resolved automatically
+
+This module imports nothing of ours.
+"""
+
+from __future__ import annotations
+
+
+class RingfenceError(Exception):
+    """Base of every ringfence error."""
+
+
+class ConfigError(RingfenceError):
+    """One or more settings break an invariant. The message lists every violation."""
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+class EnvironmentMismatch(ConfigError):
+    """The namespace in Redis was claimed by another environment name."""
+
+
+class PayloadError(RingfenceError):
+    """A payload cannot be encoded to JSON or decoded for its task."""
+
+
+class BrokerError(RingfenceError):
+    """Redis did something the broker did not expect."""
+
+
+class LeaseLost(BrokerError):
+    """This attempt no longer holds the job's lease; its outcome is not recorded."""
+
+
+class JobError(RingfenceError):
+    """Raised by a handler to steer what happens to the job."""
+
+
+class Permanent(JobError):
+    """The job cannot succeed by retrying: it goes to dead-letter at once."""
+
+
+class RetryLater(JobError):
+    """Run the job again after ``delay_s`` without counting this attempt."""
+
+    def __init__(self, message: str = "retry later", delay_s: float = 1.0) -> None:
+        self.delay_s = delay_s
+        super().__init__(message)
+
+
+class FenceError(RingfenceError):
+    """A fence refused a transition."""
+
+
+class FenceConflict(FenceError, Permanent):
+    """The fence key exists with different parameters: a second effect would be silent."""
+
+
+class FencedOut(FenceError):
+    """A write from a run whose epoch is no longer current (it lost ownership)."""
+
+
+class FenceBusy(FenceError):
+    """Another live run owns the fence key."""
+
+
+class InDoubt(FenceError):
+    """The effect may have happened; it cannot be replayed or reconciled automatically."""

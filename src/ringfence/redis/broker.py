@@ -1,0 +1,318 @@
+"""The only code that talks to Redis.
+
+Each job transition is one Lua script (``lua/<name>.lua``). An operation is built once as a ``Call``
+(script, keys, args, parser) and run by either client: ``broker.run(call)`` (sync, for producers and the
+CLI) or ``await broker.arun(call)`` (the worker). Time arrives from the caller's clock, so tests can
+simulate it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import orjson
+import redis
+import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
+
+from ringfence.models import now_ms
+from ringfence.redis.keys import Keys, QueueKeys
+from ringfence.redis.scripts import script
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    name: str
+    keys: Sequence[str]
+    args: Sequence[Any]
+    parse: Callable[[Any], T]
+
+
+def _ids(raw: Any) -> list[str]:
+    return [x.decode() if isinstance(x, bytes) else str(x) for x in raw or []]
+
+
+def _fetched(raw: Any) -> list[tuple[str, bytes, int]]:
+    raw = raw or []
+    return [(raw[i].decode(), raw[i + 1], int(raw[i + 2])) for i in range(0, len(raw), 3)]
+
+
+class Broker:
+    """Redis operations of one namespace. Clients are created lazily; both share nothing but keys."""
+
+    def __init__(self, url: str, namespace: str = "ringfence", clock: Callable[[], int] = now_ms) -> None:
+        self.url = url
+        self.keys = Keys(namespace)
+        self.clock = clock
+        self._sync: redis.Redis | None = None
+        self._aio: aioredis.Redis | None = None
+
+    # -- clients -------------------------------------------------------------------------------
+    @property
+    def sync(self) -> redis.Redis:
+        if self._sync is None:
+            self._sync = redis.Redis.from_url(self.url)
+        return self._sync
+
+    @property
+    def aio(self) -> aioredis.Redis:
+        if self._aio is None:
+            self._aio = aioredis.Redis.from_url(self.url)
+        return self._aio
+
+    def run(self, call: Call[T]) -> T:
+        s = script(call.name)
+        try:
+            raw = self.sync.evalsha(s.sha, len(call.keys), *call.keys, *call.args)
+        except NoScriptError:
+            self.sync.script_load(s.source)
+            raw = self.sync.evalsha(s.sha, len(call.keys), *call.keys, *call.args)
+        return call.parse(raw)
+
+    async def arun(self, call: Call[T]) -> T:
+        s = script(call.name)
+        try:
+            raw = await self.aio.evalsha(s.sha, len(call.keys), *call.keys, *call.args)
+        except NoScriptError:
+            await self.aio.script_load(s.source)
+            raw = await self.aio.evalsha(s.sha, len(call.keys), *call.keys, *call.args)
+        return call.parse(raw)
+
+    async def aclose(self) -> None:
+        if self._aio is not None:
+            await self._aio.aclose()
+            self._aio = None
+
+    def close(self) -> None:
+        if self._sync is not None:
+            self._sync.close()
+            self._sync = None
+
+    # -- transitions ----------------------------------------------------------------------------
+    def enqueue(self, queue: str, jobs: Iterable[tuple[str, bytes, int]]) -> Call[list[bool]]:
+        """jobs: (id, spec, run-at ms or 0). Parses to one bool per job: False = the id existed."""
+        k = self.keys.queue(queue)
+        args: list[Any] = [self.clock(), k.wake]
+        for job_id, spec, at in jobs:
+            args += [job_id, spec, at]
+        return Call("enqueue", [k.jobs, k.pending, k.scheduled, k.idle, k.stats], args,
+                    lambda raw: [bool(x) for x in raw])
+
+    def fetch(self, queue: str, count: int, deadline_ms: int, token: str) -> Call[list[tuple[str, bytes, int]]]:
+        k = self.keys.queue(queue)
+        return Call("fetch", [k.pending, k.jobs, k.active, k.lease, k.attempts, k.paused],
+                    [deadline_ms, count, token], _fetched)
+
+    def extend(self, queue: str, leases: Iterable[tuple[str, str, int]]) -> Call[list[str]]:
+        """leases: (id, token, new deadline ms). Parses to the ids this worker lost."""
+        k = self.keys.queue(queue)
+        args: list[Any] = [x for lease in leases for x in lease]
+        return Call("extend", [k.active, k.lease], args, _ids)
+
+    def ack(self, queue: str, done: Iterable[tuple[str, str]]) -> Call[list[str]]:
+        k = self.keys.queue(queue)
+        args = [x for pair in done for x in pair]
+        return Call("ack", [k.active, k.lease, k.jobs, k.attempts, k.history, k.stats], args, _ids)
+
+    def retry(self, queue: str, job_id: str, token: str, at_ms: int, entry: dict[str, Any]) -> Call[bool]:
+        k = self.keys.queue(queue)
+        return Call("retry", [k.active, k.lease, k.retry, k.history, k.stats],
+                    [job_id, token, at_ms, orjson.dumps(entry)], bool)
+
+    def requeue(self, queue: str, job_id: str, token: str, at_ms: int, counter: str) -> Call[bool]:
+        """Give the job back without counting the attempt; ``counter`` names the stats field to bump."""
+        k = self.keys.queue(queue)
+        return Call("requeue", [k.active, k.lease, k.attempts, k.pending, k.scheduled, k.stats, k.idle],
+                    [job_id, token, at_ms, self.clock(), counter, k.wake], bool)
+
+    def dead(self, queue: str, job_id: str, token: str, entry: dict[str, Any],
+             fields: dict[str, Any]) -> Call[bool]:
+        k = self.keys.queue(queue)
+        return Call("dead", [k.active, k.lease, k.jobs, k.attempts, k.history, k.dead, k.dead_jobs, k.stats],
+                    [job_id, token, self.clock(), orjson.dumps(entry), orjson.dumps(fields)], bool)
+
+    def recover(self, queue: str, limit: int = 500) -> Call[list[str]]:
+        k = self.keys.queue(queue)
+        return Call("recover", [k.active, k.lease, k.pending, k.history, k.attempts, k.stats, k.idle],
+                    [self.clock(), limit, k.wake], _ids)
+
+    def promote(self, queue: str, limit: int = 1000) -> Call[int]:
+        k = self.keys.queue(queue)
+        return Call("promote", [k.scheduled, k.retry, k.pending, k.idle], [self.clock(), limit, k.wake], int)
+
+    def replay(self, queue: str, ids: Iterable[str]) -> Call[list[str]]:
+        k = self.keys.queue(queue)
+        return Call("replay", [k.dead, k.dead_jobs, k.jobs, k.pending, k.attempts, k.history, k.idle, k.stats],
+                    [self.clock(), k.wake, *ids], _ids)
+
+    def delete_dead(self, queue: str, ids: Iterable[str] = (), older_than_ms: int | None = None,
+                    limit: int = 10_000) -> Call[int]:
+        k = self.keys.queue(queue)
+        cutoff = -1 if older_than_ms is None else self.clock() - older_than_ms
+        return Call("delete_dead", [k.dead, k.dead_jobs], [cutoff, limit, *ids], int)
+
+    # -- namespace and servers ------------------------------------------------------------------
+    def register_queues(self, queues: Iterable[str]) -> None:
+        names = list(queues)
+        if names:
+            self.sync.sadd(self.keys.queues, *names)
+
+    async def aregister_queues(self, queues: Iterable[str]) -> None:
+        names = list(queues)
+        if names:
+            await self.aio.sadd(self.keys.queues, *names)
+
+    def queues(self) -> list[str]:
+        return sorted(_ids(self.sync.smembers(self.keys.queues)))
+
+    async def claim_environment(self, environment: str) -> str:
+        """Record the namespace's environment on first use; return the one recorded."""
+        await self.aio.hsetnx(self.keys.meta, "environment", environment)
+        found = await self.aio.hget(self.keys.meta, "environment")
+        return found.decode() if found else environment
+
+    def environment(self) -> str | None:
+        found = self.sync.hget(self.keys.meta, "environment")
+        return found.decode() if found else None
+
+    async def heartbeat_server(self, server_id: str, info: dict[str, Any], ttl_s: float) -> None:
+        ttl_ms = int(ttl_s * 1000)
+        async with self.aio.pipeline(transaction=False) as p:
+            p.set(self.keys.server(server_id), orjson.dumps(info), px=ttl_ms)
+            p.zadd(self.keys.servers, {server_id: self.clock() + ttl_ms})
+            p.zremrangebyscore(self.keys.servers, "-inf", self.clock())
+            await p.execute()
+
+    async def unregister_server(self, server_id: str) -> None:
+        async with self.aio.pipeline(transaction=False) as p:
+            p.delete(self.keys.server(server_id))
+            p.zrem(self.keys.servers, server_id)
+            await p.execute()
+
+    def servers(self) -> list[dict[str, Any]]:
+        ids = _ids(self.sync.zrangebyscore(self.keys.servers, self.clock(), "+inf"))
+        if not ids:
+            return []
+        raws = self.sync.mget([self.keys.server(i) for i in ids])
+        return [orjson.loads(raw) for raw in raws if raw]
+
+    # -- reads for inspect ----------------------------------------------------------------------
+    def queue_counts(self, queue: str) -> dict[str, Any]:
+        k = self.keys.queue(queue)
+        p = self.sync.pipeline(transaction=False)
+        p.llen(k.pending)
+        p.zcard(k.active)
+        p.zcard(k.scheduled)
+        p.zcard(k.retry)
+        p.zcard(k.dead)
+        p.hgetall(k.stats)
+        p.exists(k.paused)
+        p.lindex(k.pending, -1)
+        pending, active, scheduled, retry, dead, stats, paused, oldest = p.execute()
+        oldest_spec = self.sync.hget(k.jobs, oldest) if oldest else None
+        return {
+            "pending": pending, "active": active, "scheduled": scheduled, "retry": retry, "dead": dead,
+            "stats": {key.decode(): int(v) for key, v in stats.items()},
+            "paused": bool(paused),
+            "oldest_pending_spec": oldest_spec,
+        }
+
+    def job_spec(self, queue: str, job_id: str) -> bytes | None:
+        raw: bytes | None = self.sync.hget(self.keys.queue(queue).jobs, job_id)
+        return raw
+
+    def attempts(self, queue: str, job_id: str) -> int:
+        raw = self.sync.hget(self.keys.queue(queue).attempts, job_id)
+        return int(raw) if raw else 0
+
+    def history(self, queue: str, job_id: str) -> list[dict[str, Any]]:
+        raw = self.sync.hget(self.keys.queue(queue).history, job_id)
+        return list(orjson.loads(raw)) if raw else []
+
+    def dead_ids(self, queue: str, offset: int = 0, count: int = -1) -> list[str]:
+        k = self.keys.queue(queue)
+        end = -1 if count < 0 else offset + count - 1
+        return _ids(self.sync.zrevrange(k.dead, offset, end))
+
+    def dead_records(self, queue: str, ids: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+        if not ids:
+            return []
+        raws = self.sync.hmget(self.keys.queue(queue).dead_jobs, list(ids))
+        return [(i, orjson.loads(r)) for i, r in zip(ids, raws, strict=True) if r]
+
+    def set_paused(self, queue: str, paused: bool) -> None:
+        k = self.keys.queue(queue)
+        if paused:
+            self.sync.set(k.paused, b"1")
+        else:
+            self.sync.delete(k.paused)
+
+    def lease_token(self, queue: str, job_id: str) -> str | None:
+        raw = self.sync.hget(self.keys.queue(queue).lease, job_id)
+        return raw.decode() if raw else None
+
+    def lease_alive(self, queue: str, job_id: str, token: str) -> bool:
+        """Whether attempt ``token`` of the job still holds a live lease."""
+        k = self.keys.queue(queue)
+        p = self.sync.pipeline(transaction=False)
+        p.hget(k.lease, job_id)
+        p.zscore(k.active, job_id)
+        held, deadline = p.execute()
+        return held is not None and held.decode() == token and deadline is not None and deadline > self.clock()
+
+    def memory_usage(self) -> int:
+        return int(self.sync.info("memory")["used_memory"])
+
+
+class Waker:
+    """Lets an idle worker sleep until a job arrives, with no polling loop.
+
+    The worker marks itself idle in each queue's ``idle`` set; scripts that make a job ready publish on
+    the queue's wake channel only while someone is idle, so a busy system sends no messages.
+    """
+
+    def __init__(self, broker: Broker, worker_id: str, queues: Sequence[str]) -> None:
+        self.broker = broker
+        self.worker_id = worker_id
+        self.queue_keys: list[QueueKeys] = [broker.keys.queue(q) for q in queues]
+        self._pubsub: Any = None
+
+    async def start(self) -> None:
+        self._pubsub = self.broker.aio.pubsub(ignore_subscribe_messages=True)
+        await self._pubsub.subscribe(*[k.wake for k in self.queue_keys])
+
+    async def mark_idle(self, until_s: float) -> None:
+        until = self.broker.clock() + int(until_s * 1000)
+        async with self.broker.aio.pipeline(transaction=False) as p:
+            for k in self.queue_keys:
+                p.zadd(k.idle, {self.worker_id: until})
+            await p.execute()
+
+    async def mark_busy(self) -> None:
+        async with self.broker.aio.pipeline(transaction=False) as p:
+            for k in self.queue_keys:
+                p.zrem(k.idle, self.worker_id)
+                p.zremrangebyscore(k.idle, "-inf", self.broker.clock())
+            await p.execute()
+
+    async def wait(self, timeout_s: float) -> bool:
+        """True when woken by a message, False on timeout. Drains queued messages."""
+        msg = await self._pubsub.get_message(timeout=timeout_s)
+        woke = msg is not None
+        while msg is not None:
+            msg = await self._pubsub.get_message(timeout=0)
+        return woke
+
+    async def close(self) -> None:
+        if self._pubsub is not None:
+            try:
+                await self.mark_busy()
+                await self._pubsub.aclose()
+            except (redis.RedisError, OSError, asyncio.CancelledError):
+                pass
+            self._pubsub = None

@@ -1,0 +1,61 @@
+"""Every Redis key name ringfence uses, built in one place.
+
+Per-queue keys share the hash tag ``{namespace:queue}`` so each script touches one slot (Redis Cluster).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    pending: str     # list: ids ready to run; LPUSH to enqueue, RPOP to fetch (FIFO)
+    jobs: str        # hash: id -> job spec JSON (every job not dead nor done)
+    scheduled: str   # zset: id -> run-at ms
+    retry: str       # zset: id -> retry-at ms
+    active: str      # zset: id -> lease deadline ms
+    lease: str       # hash: id -> lease token of the attempt that holds it
+    attempts: str    # hash: id -> attempts started
+    history: str     # hash: id -> JSON list of failed attempts
+    dead: str        # zset: id -> died ms
+    dead_jobs: str   # hash: id -> dead record JSON
+    stats: str       # hash: processed, failed, retried, dead, orphaned, ... counters
+    idle: str        # zset: worker id -> ms until which it sleeps waiting for a wake-up
+    paused: str      # string: exists while the queue is paused
+    wake: str        # pub/sub channel: published on enqueue when a worker is idle
+
+
+class Keys:
+    def __init__(self, namespace: str) -> None:
+        self.ns = namespace
+        self.queues = f"{namespace}:queues"      # set: every queue name ever used
+        self.servers = f"{namespace}:servers"    # zset: server id -> heartbeat expiry ms
+        self.meta = f"{namespace}:meta"          # hash: env, created
+        self._cache: dict[str, QueueKeys] = {}
+
+    def server(self, server_id: str) -> str:
+        return f"{self.ns}:server:{server_id}"   # string JSON with TTL: host, pid, queues, running jobs
+
+    def queue(self, name: str) -> QueueKeys:
+        keys = self._cache.get(name)
+        if keys is None:
+            p = f"{self.ns}:{{{self.ns}:{name}}}"
+            keys = QueueKeys(
+                pending=f"{p}:pending",
+                jobs=f"{p}:jobs",
+                scheduled=f"{p}:scheduled",
+                retry=f"{p}:retry",
+                active=f"{p}:active",
+                lease=f"{p}:lease",
+                attempts=f"{p}:attempts",
+                history=f"{p}:history",
+                dead=f"{p}:dead",
+                dead_jobs=f"{p}:dead_jobs",
+                stats=f"{p}:stats",
+                idle=f"{p}:idle",
+                paused=f"{p}:paused",
+                wake=f"{p}:wake",
+            )
+            self._cache[name] = keys
+        return keys

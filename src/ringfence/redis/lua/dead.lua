@@ -1,0 +1,35 @@
+-- dead: move a job to dead-letter with its spec, attempts, history and the reason.
+-- KEYS[1] active     zset
+-- KEYS[2] lease      hash  id -> token
+-- KEYS[3] jobs       hash  id -> spec
+-- KEYS[4] attempts   hash
+-- KEYS[5] history    hash
+-- KEYS[6] dead       zset  id -> died ms
+-- KEYS[7] dead_jobs  hash  id -> record JSON
+-- KEYS[8] stats      hash
+-- ARGV[1] id  ARGV[2] token  ARGV[3] now ms  ARGV[4] last history entry JSON
+-- ARGV[5] record fields JSON object (reason, error, traceback, ...)
+-- Returns: 1, or 0 when this attempt no longer held the lease.
+local id = ARGV[1]
+if redis.call('HGET', KEYS[2], id) ~= ARGV[2] then return 0 end
+local spec = redis.call('HGET', KEYS[3], id)
+if not spec then return 0 end
+local n = redis.call('HGET', KEYS[4], id) or '0'
+local hist = redis.call('HGET', KEYS[5], id)
+if hist then
+  hist = string.sub(hist, 1, -2) .. ',' .. ARGV[4] .. ']'
+else
+  hist = '[' .. ARGV[4] .. ']'
+end
+-- spec and history are stored as JSON strings so replay restores them byte for byte.
+local record = '{"spec":' .. cjson.encode(spec) .. ',"attempts":' .. n .. ',"history":' .. cjson.encode(hist)
+  .. ',"died_ms":' .. ARGV[3] .. ',' .. string.sub(ARGV[5], 2)
+redis.call('HSET', KEYS[7], id, record)
+redis.call('ZADD', KEYS[6], ARGV[3], id)
+redis.call('ZREM', KEYS[1], id)
+redis.call('HDEL', KEYS[2], id)
+redis.call('HDEL', KEYS[3], id)
+redis.call('HDEL', KEYS[4], id)
+redis.call('HDEL', KEYS[5], id)
+redis.call('HINCRBY', KEYS[8], 'dead', 1)
+return 1

@@ -1,0 +1,128 @@
+"""Settings of an app and its tasks: frozen, and checked against the invariants at construction.
+
+Every check runs and all violations are reported together in one ``ConfigError``, each naming the
+values involved and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from ringfence.errors import ConfigError
+
+MAX_ATTEMPTS_LIMIT = 100
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter: attempt ``n`` waits ``uniform(0, min(cap_s, base_s * 2**(n-1)))``.
+
+    ``max_attempts`` counts runs, the first one included.
+    """
+
+    max_attempts: int = 3
+    base_s: float = 2.0
+    cap_s: float = 300.0
+    jitter: bool = True
+
+    def ceiling_s(self, attempt: int) -> float:
+        """The longest delay after failed attempt ``attempt`` (1-based)."""
+        return min(self.cap_s, self.base_s * 2 ** (attempt - 1))
+
+    def total_ceiling_s(self) -> float:
+        """The longest time all retries of one job can wait, added up."""
+        return sum(self.ceiling_s(n) for n in range(1, self.max_attempts))
+
+    def problems(self, where: str) -> list[str]:
+        out = []
+        if not 1 <= self.max_attempts <= MAX_ATTEMPTS_LIMIT:
+            out.append(
+                f"{where}: max_attempts={self.max_attempts} must be between 1 and {MAX_ATTEMPTS_LIMIT}; "
+                "unbounded retries turn an outage into a retry storm"
+            )
+        if self.base_s <= 0 or self.cap_s < self.base_s:
+            out.append(f"{where}: retry base_s={self.base_s} must be > 0 and cap_s={self.cap_s} >= base_s")
+        return out
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Timing of leases, heartbeats and shutdown, shared by the app's workers."""
+
+    lease_s: float = 20.0
+    max_lease_s: float = 3600.0
+    heartbeat_s: float = 5.0
+    recover_interval_s: float = 2.0
+    promote_interval_s: float = 0.5
+    shutdown_timeout_s: float = 25.0
+    server_ttl_s: float = 30.0
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.heartbeat_s * 2 > self.lease_s:
+            out.append(
+                f"heartbeat_s={self.heartbeat_s} must be at most half of lease_s={self.lease_s}, "
+                "or a live job loses its lease between two heartbeats; lower heartbeat_s or raise lease_s"
+            )
+        if self.lease_s > self.max_lease_s:
+            out.append(f"lease_s={self.lease_s} must not exceed max_lease_s={self.max_lease_s}")
+        if self.shutdown_timeout_s >= self.max_lease_s:
+            out.append(
+                f"shutdown_timeout_s={self.shutdown_timeout_s} must be below max_lease_s={self.max_lease_s}"
+            )
+        if self.server_ttl_s <= self.heartbeat_s:
+            out.append(f"server_ttl_s={self.server_ttl_s} must exceed heartbeat_s={self.heartbeat_s}")
+        return out
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """Per-task options after defaults are applied."""
+
+    name: str
+    queue: str = "default"
+    timeout_s: float = 300.0
+    expiry_s: float | None = 86400.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def problems(self, worker: WorkerSettings) -> list[str]:
+        where = f"task {self.name!r}"
+        out = list(self.retry.problems(where))
+        if not _NAME.match(self.queue):
+            out.append(f"{where}: queue name {self.queue!r} must match {_NAME.pattern}")
+        if self.timeout_s <= 0:
+            out.append(f"{where}: timeout_s={self.timeout_s} must be > 0")
+        elif self.timeout_s >= worker.max_lease_s:
+            out.append(
+                f"{where}: timeout_s={self.timeout_s} must be below max_lease_s={worker.max_lease_s} "
+                "(a job must be stopped before its lease can end); lower the timeout or raise max_lease_s"
+            )
+        if self.expiry_s is not None:
+            total = self.retry.total_ceiling_s()
+            if total >= self.expiry_s:
+                out.append(
+                    f"{where}: retries may wait {total:.0f}s in total (max_attempts="
+                    f"{self.retry.max_attempts}, cap_s={self.retry.cap_s}) but expiry_s={self.expiry_s:.0f}; "
+                    "the job would expire while waiting to retry: lower the attempts or cap, or raise expiry_s"
+                )
+        return out
+
+
+def check(problems: list[str]) -> None:
+    """Raise one ConfigError listing every problem, if any."""
+    if problems:
+        raise ConfigError(problems)
+
+
+def check_name(kind: str, value: str) -> str:
+    if not _NAME.match(value):
+        raise ConfigError(f"{kind} {value!r} must match {_NAME.pattern}")
+    return value
+
+
+def env_default(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return value if value else default

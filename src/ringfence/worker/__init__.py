@@ -1,0 +1,1 @@
+"""The worker process: processor, background loops, supervisor."""

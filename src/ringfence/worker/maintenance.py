@@ -1,0 +1,65 @@
+"""Background loops that keep the namespace healthy: recovery of expired leases, promotion of due jobs."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ringfence.redis.broker import Broker
+from ringfence.worker.loop import Loop
+
+log = logging.getLogger("ringfence.worker")
+
+
+class QueueSet:
+    """Every queue of the namespace (not only this worker's), refreshed now and then: any live worker
+    recovers and promotes for all of them."""
+
+    def __init__(self, broker: Broker, own: list[str], refresh_s: float = 10.0) -> None:
+        self.broker = broker
+        self.own = own
+        self.refresh_s = refresh_s
+        self._names: list[str] = list(own)
+        self._at = 0.0
+
+    async def names(self) -> list[str]:
+        if time.monotonic() - self._at > self.refresh_s:
+            raw = await self.broker.aio.smembers(self.broker.keys.queues)
+            self._names = sorted({*self.own, *(x.decode() for x in raw)})
+            self._at = time.monotonic()
+        return self._names
+
+
+class Recoverer(Loop):
+    """Returns jobs whose lease expired (dead or hung worker) to the head of their queue."""
+
+    name = "recoverer"
+
+    def __init__(self, broker: Broker, queues: QueueSet, interval_s: float) -> None:
+        super().__init__(interval_s)
+        self.broker = broker
+        self.queues = queues
+        self.recovered = 0
+
+    async def tick(self) -> None:
+        for queue in await self.queues.names():
+            ids = await self.broker.arun(self.broker.recover(queue))
+            if ids:
+                self.recovered += len(ids)
+                log.warning("recovered %d orphaned job(s) in queue %s: %s", len(ids), queue, " ".join(ids[:10]))
+
+
+class Promoter(Loop):
+    """Moves scheduled and retry jobs whose time has come into their queue."""
+
+    name = "promoter"
+
+    def __init__(self, broker: Broker, queues: QueueSet, interval_s: float) -> None:
+        super().__init__(interval_s)
+        self.broker = broker
+        self.queues = queues
+
+    async def tick(self) -> None:
+        for queue in await self.queues.names():
+            while await self.broker.arun(self.broker.promote(queue)) >= 1000:
+                pass

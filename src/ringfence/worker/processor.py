@@ -1,0 +1,311 @@
+"""Fetch → run → ack/retry/dead-letter. The one place where a job's outcome is decided."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+import traceback
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ringfence.app import App
+from ringfence.errors import FenceBusy, InDoubt, PayloadError, Permanent, RetryLater
+from ringfence.models import DeadJob, Fetched, JobSpec
+from ringfence.redis.broker import Broker, Waker
+from ringfence.settings import WorkerSettings
+from ringfence.tasks import JobContext, Task
+
+log = logging.getLogger("ringfence.worker")
+
+UNKNOWN_TASK_DELAY_S = 30.0
+
+
+@dataclass
+class Running:
+    job: Fetched
+    ctx: JobContext | None = None
+    task: asyncio.Task[None] | None = None
+    lost: bool = False       # the lease went to another attempt: record nothing
+    settled: bool = False    # an outcome was recorded (a sync thread may still be running)
+
+
+@dataclass
+class Outcome:
+    kind: str                # ack | retry | dead | requeue | lost
+    reason: str = ""
+    error: str = ""
+    tb: str = ""
+    delay_s: float = 0.0
+    counter: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def weighted_order(queues: list[tuple[str, int]], strict: bool) -> list[str]:
+    """Strict: as given. Weighted: a random order where a queue comes first with probability ∝ its weight."""
+    if strict or len(queues) == 1:
+        return [q for q, _ in queues]
+    return [q for q, _ in sorted(queues, key=lambda qw: -(random.random() ** (1.0 / qw[1])))]
+
+
+class Processor:
+    def __init__(self, app: App, broker: Broker, queues: list[tuple[str, int]], *, concurrency: int,
+                 strict: bool, settings: WorkerSettings, server_id: str,
+                 on_restart_required: Callable[[], None]) -> None:
+        self.app = app
+        self.broker = broker
+        self.queues = queues
+        self.concurrency = concurrency
+        self.strict = strict
+        self.settings = settings
+        self.server_id = server_id
+        self.on_restart_required = on_restart_required
+        self.running: dict[str, Running] = {}
+        self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="ringfence-job")
+        self.waker = Waker(broker, server_id, [q for q, _ in queues])
+        self.stopping = asyncio.Event()
+        self.shutting_down = False
+        self._slot = asyncio.Event()
+        self._seq = 0
+        self._acks: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        self._ack_ready = asyncio.Event()
+        self._acker: asyncio.Task[None] | None = None
+        self.processed = 0
+        self.failed = 0
+
+    # -- fetching -------------------------------------------------------------------------------
+    async def run(self) -> None:
+        await self.waker.start()
+        self._acker = asyncio.create_task(self._ack_loop(), name="acker")
+        while not self.stopping.is_set():
+            free = self.concurrency - len(self.running)
+            if free <= 0:
+                self._slot.clear()
+                await self._until(self._slot.wait())
+                continue
+            if await self._fetch(free):
+                continue
+            await self.waker.mark_idle(self.settings.heartbeat_s * 2)
+            if not await self._fetch(free):
+                await self._until(self.waker.wait(self.settings.heartbeat_s))
+            await self.waker.mark_busy()
+
+    async def _until(self, aw: Any) -> None:
+        """Await ``aw`` unless the worker is asked to stop first."""
+        waiter = asyncio.ensure_future(aw)
+        stop = asyncio.ensure_future(self.stopping.wait())
+        await asyncio.wait({waiter, stop}, return_when=asyncio.FIRST_COMPLETED)
+        for t in (waiter, stop):
+            if not t.done():
+                t.cancel()
+
+    async def _fetch(self, free: int) -> int:
+        now = self.broker.clock()
+        for queue in weighted_order(self.queues, self.strict):
+            self._seq += 1
+            token = f"{self.server_id}.{self._seq}"
+            deadline = now + int(self.settings.lease_s * 1000)
+            got = await self.broker.arun(self.broker.fetch(queue, free, deadline, token))
+            if got:
+                for job_id, raw, attempt in got:
+                    self._start(Fetched(job_id, queue, raw, attempt, token, now))
+                return len(got)
+        return 0
+
+    def _start(self, job: Fetched) -> None:
+        r = Running(job)
+        self.running[job.id] = r
+        r.task = asyncio.create_task(self._execute(r))
+
+    # -- running --------------------------------------------------------------------------------
+    async def _execute(self, r: Running) -> None:
+        try:
+            outcome = await self._outcome(r)
+            if not r.settled and not r.lost:
+                await self._record(r, outcome)
+        except Exception:
+            log.exception("job %s: recording its outcome failed; its lease will expire and it runs again", r.job.id)
+        finally:
+            self.running.pop(r.job.id, None)
+            self._slot.set()
+
+    async def _outcome(self, r: Running) -> Outcome:
+        job = r.job
+        try:
+            spec = JobSpec.decode(job.raw)
+        except Exception as exc:
+            return Outcome("dead", "bad_payload", f"job {job.id}: stored spec is not valid JSON: {exc}")
+        job.spec = spec
+        task = self.app.registry.get(spec.task)
+        if task is None:
+            log.warning("job %s: task %r is not registered in this worker; requeued in %.0fs",
+                        job.id, spec.task, UNKNOWN_TASK_DELAY_S)
+            return Outcome("requeue", delay_s=UNKNOWN_TASK_DELAY_S, counter="unknown_task")
+        refused = self._refuse(job, spec, task)
+        if refused is not None:
+            return refused
+        r.ctx = ctx = JobContext(
+            id=job.id, task=task.name, queue=job.queue, attempt=job.attempt,
+            max_attempts=spec.max_attempts or task.options.retry.max_attempts,
+            enqueued_ms=spec.enqueued_ms, token=job.token,
+        )
+        timeout_s = spec.timeout_ms / 1000 if spec.timeout_ms else task.options.timeout_s
+        try:
+            await self._call(r, task, ctx, spec.args, timeout_s)
+        except asyncio.CancelledError:
+            if r.lost:
+                return Outcome("lost")
+            if self.shutting_down:
+                return Outcome("requeue", counter="requeued_on_shutdown")
+            raise
+        except TimeoutError:
+            return self._failure(task, ctx, TimeoutError(f"timed out after {timeout_s:g}s"), "")
+        except BaseException as exc:  # a handler's error of any kind is the job's outcome
+            return self._failure(task, ctx, exc, traceback.format_exc())
+        return Outcome("ack")
+
+    def _refuse(self, job: Fetched, spec: JobSpec, task: Task) -> Outcome | None:
+        max_attempts = spec.max_attempts or task.options.retry.max_attempts
+        if job.attempt > max_attempts:
+            return Outcome("dead", "max_attempts", f"attempt {job.attempt} exceeds max_attempts={max_attempts} "
+                           "(earlier attempts were orphaned)")
+        expiry_ms = spec.expires_ms or (
+            spec.enqueued_ms + int(task.options.expiry_s * 1000) if task.options.expiry_s is not None else None)
+        if expiry_ms is not None and self.broker.clock() > expiry_ms:
+            return Outcome("dead", "expired", f"job expired at {expiry_ms} ms before it could run")
+        try:
+            task.check_payload(spec.args)
+        except PayloadError as exc:
+            return Outcome("dead", "bad_payload", str(exc))
+        return None
+
+    async def _call(self, r: Running, task: Task, ctx: JobContext, args: dict[str, Any], timeout_s: float) -> None:
+        if task.is_async:
+            await asyncio.wait_for(task.fn(ctx, **args), timeout_s)
+            return
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self.pool, functools.partial(task.fn, ctx, **args))
+        try:
+            await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except TimeoutError:
+            # A thread cannot be killed: record the failure, then the process must go.
+            ctx.cancelled.set()
+            log.error("job %s (%s): sync handler exceeded its timeout of %gs; a thread cannot be stopped, "
+                      "so this worker process exits and must be restarted", ctx.id, task.name, timeout_s)
+            self.on_restart_required()
+            raise
+
+    def _failure(self, task: Task, ctx: JobContext, exc: BaseException, tb: str) -> Outcome:
+        error = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, RetryLater):
+            return Outcome("requeue", delay_s=exc.delay_s, counter="deferred")
+        if isinstance(exc, FenceBusy):
+            return Outcome("ack", reason="duplicate", error=error)
+        if isinstance(exc, InDoubt):
+            return Outcome("dead", "in_doubt", error, tb)
+        if isinstance(exc, Permanent | PayloadError) or (task.permanent and isinstance(exc, task.permanent)):
+            return Outcome("dead", "permanent", error, tb)
+        if ctx.attempt >= ctx.max_attempts:
+            return Outcome("dead", "max_attempts", error, tb)
+        return Outcome("retry", "error", error, tb, delay_s=self._retry_delay(task, ctx.attempt, exc))
+
+    @staticmethod
+    def _retry_delay(task: Task, attempt: int, exc: BaseException) -> float:
+        policy = task.options.retry
+        if task.retry_delay is not None:
+            return float(min(max(task.retry_delay(attempt, exc), 0.0), policy.cap_s))
+        ceiling = policy.ceiling_s(attempt)
+        return random.uniform(0, ceiling) if policy.jitter else ceiling
+
+    # -- recording ------------------------------------------------------------------------------
+    async def _record(self, r: Running, o: Outcome) -> None:
+        job, b = r.job, self.broker
+        r.settled = True
+        if o.kind == "ack":
+            self.processed += 1
+            if o.reason == "duplicate":
+                log.info("job %s: %s; acked as a duplicate", job.id, o.error)
+            self._acks[job.queue].append((job.id, job.token))
+            self._ack_ready.set()
+            return
+        if o.kind == "requeue":
+            at = b.clock() + int(o.delay_s * 1000) if o.delay_s else 0
+            await b.arun(b.requeue(job.queue, job.id, job.token, at, o.counter))
+            return
+        self.failed += 1
+        entry = {"attempt": job.attempt, "error": o.error, "at": b.clock(), "worker": self.server_id}
+        if o.kind == "retry":
+            log.warning("job %s attempt %d failed: %s; retry in %.1fs", job.id, job.attempt, o.error, o.delay_s)
+            await b.arun(b.retry(job.queue, job.id, job.token, b.clock() + int(o.delay_s * 1000), entry))
+            return
+        task_name = job.spec.task if job.spec is not None else "?"
+        fields = {"reason": o.reason, "error": o.error, "traceback": o.tb, "task": task_name, "queue": job.queue}
+        log.error("job %s (%s) -> dead-letter [%s]: %s", job.id, task_name, o.reason, o.error)
+        if await b.arun(b.dead(job.queue, job.id, job.token, entry, fields)):
+            await self._dead_hooks(job, o, task_name)
+
+    async def _dead_hooks(self, job: Fetched, o: Outcome, task_name: str) -> None:
+        spec = job.spec
+        dead = DeadJob(id=job.id, queue=job.queue, task=task_name, args=spec.args if spec else {},
+                       reason=o.reason, error=o.error, traceback=o.tb, attempts=job.attempt,
+                       died_ms=self.broker.clock(), history=[], raw_spec=spec.encode().decode() if spec else "")
+        for hook in self.app.dead_hooks:
+            try:
+                result = hook(dead)
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:
+                log.exception("on_dead hook %r failed for job %s", hook, job.id)
+
+    async def _ack_loop(self) -> None:
+        while True:
+            await self._ack_ready.wait()
+            self._ack_ready.clear()
+            await self.flush_acks()
+
+    async def flush_acks(self) -> None:
+        pending, self._acks = self._acks, defaultdict(list)
+        for queue, pairs in pending.items():
+            lost = await self.broker.arun(self.broker.ack(queue, pairs))
+            if lost:
+                log.warning("ack of %d job(s) in %s refused: their lease had moved to another attempt: %s",
+                            len(lost), queue, " ".join(lost[:10]))
+
+    # -- leases and shutdown --------------------------------------------------------------------
+    def lease_lost(self, job_ids: list[str]) -> None:
+        for job_id in job_ids:
+            r = self.running.get(job_id)
+            if r is None or r.settled:
+                continue
+            log.error("job %s lost its lease (another attempt owns it now); stopping this run", job_id)
+            r.lost = True
+            if r.ctx is not None:
+                r.ctx.cancelled.set()
+            if r.task is not None:
+                r.task.cancel()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop fetching, let running jobs finish for ``timeout_s``, then cancel them and requeue the rest."""
+        self.stopping.set()
+        tasks = [r.task for r in self.running.values() if r.task is not None]
+        if tasks:
+            log.info("shutdown: waiting up to %gs for %d running job(s)", timeout_s, len(tasks))
+            await asyncio.wait(tasks, timeout=timeout_s)
+        self.shutting_down = True
+        left = [r for r in self.running.values() if r.task is not None and not r.task.done()]
+        for r in left:
+            if r.ctx is not None:
+                r.ctx.cancelled.set()
+            r.task.cancel()  # type: ignore[union-attr]
+        if left:
+            log.warning("shutdown: returning %d unfinished job(s) to their queue", len(left))
+            await asyncio.wait([r.task for r in left if r.task is not None], timeout=5)
+        await self.flush_acks()
+        if self._acker is not None:
+            self._acker.cancel()
+        await self.waker.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,117 @@
+"""A worker process: composition of the processor and the background loops, signals, shutdown order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+
+from ringfence.app import App
+from ringfence.errors import ConfigError, EnvironmentMismatch
+from ringfence.models import new_job_id
+from ringfence.settings import WorkerSettings, check_name
+from ringfence.worker.heartbeat import Heartbeat
+from ringfence.worker.maintenance import Promoter, QueueSet, Recoverer
+from ringfence.worker.processor import Processor
+
+log = logging.getLogger("ringfence.worker")
+
+EXIT_RESTART = 75  # a sync job outlived its timeout: the process must be replaced
+
+
+def parse_queues(spec: str) -> list[tuple[str, int]]:
+    """``critical=6,default=3,low=1`` → [("critical", 6), ...]; a bare name has weight 1."""
+    out: list[tuple[str, int]] = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, weight = part.partition("=")
+        check_name("queue", name)
+        try:
+            w = int(weight) if weight else 1
+        except ValueError:
+            raise ConfigError(f"--queues {spec!r}: weight of {name!r} must be an integer, got {weight!r}") from None
+        if w < 1:
+            raise ConfigError(f"--queues {spec!r}: weight of {name!r} must be >= 1")
+        out.append((name, w))
+    if not out:
+        raise ConfigError("--queues is empty; name at least one queue")
+    return out
+
+
+class Worker:
+    """Runs jobs of the given queues until SIGTERM/SIGINT. ``run()`` returns the process exit code."""
+
+    def __init__(self, app: App, queues: list[tuple[str, int]] | None = None, *, concurrency: int = 10,
+                 strict: bool = False, settings: WorkerSettings | None = None) -> None:
+        if concurrency < 1:
+            raise ConfigError(f"--concurrency {concurrency} must be >= 1")
+        self.app = app
+        self.settings = settings or app.worker_settings
+        app.check(self.settings)
+        self.queues = queues or [(q, 1) for q in (app.registry.queues() or ["default"])]
+        self.concurrency = concurrency
+        self.strict = strict
+        self.server_id = f"{socket.gethostname()}.{os.getpid()}.{new_job_id()[:6]}"
+        self.broker = app.broker
+        self.exit_code = 0
+        self.processor = Processor(app, self.broker, self.queues, concurrency=concurrency, strict=strict,
+                                   settings=self.settings, server_id=self.server_id,
+                                   on_restart_required=self._restart_required)
+        self._signals = 0
+
+    def _restart_required(self) -> None:
+        self.exit_code = EXIT_RESTART
+        self.processor.stopping.set()
+
+    def request_stop(self) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            log.info("stopping: no new jobs; running jobs get %gs", self.settings.shutdown_timeout_s)
+            self.processor.stopping.set()
+        else:
+            log.warning("second signal: exiting at once; leases will return running jobs to their queues")
+            os._exit(130)
+
+    async def _guard_environment(self) -> None:
+        recorded = await self.broker.claim_environment(self.app.environment)
+        if recorded != self.app.environment:
+            raise EnvironmentMismatch(
+                f"namespace {self.app.namespace!r} belongs to environment {recorded!r} but this worker is "
+                f"{self.app.environment!r}; point it at the right Redis or namespace (RINGFENCE_ENV, RINGFENCE_NAMESPACE)"
+            )
+
+    async def run(self) -> int:
+        await self._guard_environment()
+        names = [q for q, _ in self.queues]
+        await self.broker.aregister_queues(names)
+        for name, task in sorted(self.app.registry.tasks.items()):
+            log.info("serving task %s (queue %s, timeout %gs, max_attempts %d)", name, task.options.queue,
+                     task.options.timeout_s, task.options.retry.max_attempts)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        queue_set = QueueSet(self.broker, names)
+        s = self.settings
+        heartbeat = Heartbeat(self)
+        loops = [heartbeat, Recoverer(self.broker, queue_set, s.recover_interval_s),
+                 Promoter(self.broker, queue_set, s.promote_interval_s)]
+        for component in loops:
+            component.start()
+        log.info("worker %s: queues %s, concurrency %d", self.server_id,
+                 ",".join(f"{q}={w}" for q, w in self.queues), self.concurrency)
+        try:
+            await self.processor.run()
+            await self.processor.drain(s.shutdown_timeout_s)
+        finally:
+            for component in loops:
+                await component.stop()
+            await self.broker.unregister_server(self.server_id)
+            await self.broker.aclose()
+        return self.exit_code
+
+
+def run_worker(app: App, queues: list[tuple[str, int]] | None = None, *, concurrency: int = 10,
+               strict: bool = False) -> int:
+    worker = Worker(app, queues, concurrency=concurrency, strict=strict)
+    return asyncio.run(worker.run())
