@@ -1,0 +1,87 @@
+"""Fault-injection points: off unless asked for.
+
+A fault point is a named place in the fence protocol where a crash matters
+(``after_capture``, ``after_calling``, ``after_effect``, ``after_record``,
+``before_commit``). Two ways to fire one:
+
+- the environment: ``RINGFENCE_FAULTS="after_effect"`` SIGKILLs the process the
+  first time it reaches that point; ``"after_effect:0.3,before_commit"`` kills at
+  ``after_effect`` with probability 0.3 and always at ``before_commit``.
+  Used by tests and chaos runs on real worker processes.
+- in-process, for tests: ``with faults.inject(hook): ...`` calls ``hook(name)``
+  at every point; the hook may raise to simulate a crash there.
+
+Example::
+
+    from ringfence import faults
+
+    def crash_after_effect(name: str) -> None:
+        if name == "after_effect":
+            raise faults.SimulatedKill(name)
+
+    with faults.inject(crash_after_effect):
+        run_the_job()
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+ENV = "RINGFENCE_FAULTS"
+
+#: Every fault point the fence protocol calls, in protocol order.
+POINTS = ("after_capture", "after_calling", "after_effect", "after_record", "before_commit")
+
+_hooks: list[Callable[[str], None]] = []
+_lock = threading.Lock()
+
+
+class SimulatedKill(BaseException):
+    """Raised by test hooks to stand in for SIGKILL.
+
+    A BaseException on purpose: handlers' ``except Exception`` and the fence's own
+    cleanup must not run, just as they would not after a real SIGKILL.
+    """
+
+
+def parse(spec: str | None) -> dict[str, float]:
+    """Parse ``"name[:probability],..."`` into ``{name: probability}``."""
+    points: dict[str, float] = {}
+    for part in (spec or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, _, prob = part.partition(":")
+        points[name.strip()] = float(prob) if prob else 1.0
+    return points
+
+
+def fault_point(name: str) -> None:
+    """Maybe crash here: run test hooks, then SIGKILL if ``RINGFENCE_FAULTS`` names this point."""
+    with _lock:
+        hooks = list(_hooks)
+    for hook in hooks:
+        hook(name)
+    spec = os.environ.get(ENV)
+    if not spec:  # the common case: one dict lookup and out
+        return
+    prob = parse(spec).get(name)
+    if prob is not None and random.random() < prob:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@contextmanager
+def inject(hook: Callable[[str], None]) -> Iterator[None]:
+    """Call ``hook(point_name)`` at every fault point while the block runs (tests only)."""
+    with _lock:
+        _hooks.append(hook)
+    try:
+        yield
+    finally:
+        with _lock:
+            _hooks.remove(hook)

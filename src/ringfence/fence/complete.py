@@ -1,0 +1,134 @@
+"""Run a fence's completion inside the application's own transaction.
+
+``db`` may be a SQLAlchemy Engine / Connection / Session, their asyncio twins, a plain
+DB-API connection (sqlite3, psycopg, PyMySQL …) or Django's ``django.db.connection``.
+In every case: the epoch-conditional UPDATE runs first in the transaction (rowcount 0 →
+``FencedOut`` and rollback), the caller's writes run in the ``with`` body, then one commit.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Update
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import Session
+
+from ..errors import FencedOut
+from ..faults import fault_point
+
+Stale = Callable[[], FencedOut]
+
+
+def _check(rowcount: int, stale: Stale) -> None:
+    if rowcount != 1:
+        raise stale()
+
+
+@contextmanager
+def sync_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale) -> Iterator[Any]:
+    """Yield the object the caller writes through; commit once on success, roll back on error."""
+    if isinstance(db, Engine):
+        with db.begin() as conn:  # begin() commits on exit, rolls back on an exception
+            _check(conn.execute(stmt).rowcount, stale)
+            yield conn
+            fault_point("before_commit")
+        return
+    if isinstance(db, Connection | Session):
+        try:
+            _check(db.execute(stmt).rowcount, stale)  # type: ignore[attr-defined]
+            yield db
+            fault_point("before_commit")
+        except BaseException:
+            db.rollback()
+            raise
+        db.commit()
+        return
+    if _is_django(db):
+        with _django_completion(db, stmt, dialect, stale) as conn:
+            yield conn
+        return
+    if callable(getattr(db, "cursor", None)) and callable(getattr(db, "commit", None)):
+        with _dbapi_completion(db, stmt, dialect, stale) as conn:
+            yield conn
+        return
+    raise TypeError(f"complete(db): cannot use a {type(db).__name__}; pass a SQLAlchemy Engine, "
+                    "Connection or Session, an async one, or a DB-API connection")
+
+
+@asynccontextmanager
+async def async_completion(db: Any, stmt: Update, stale: Stale) -> AsyncIterator[Any]:
+    """Async twin of :func:`sync_completion` for AsyncEngine, AsyncConnection and AsyncSession."""
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+    if isinstance(db, AsyncEngine):
+        async with db.begin() as conn:
+            _check((await conn.execute(stmt)).rowcount, stale)
+            yield conn
+            fault_point("before_commit")
+        return
+    if not isinstance(db, AsyncConnection | AsyncSession):
+        raise TypeError(f"async complete(db): cannot use a {type(db).__name__}; pass an AsyncEngine, "
+                        "AsyncConnection or AsyncSession (sync ones work with `with step.complete(db)`)")
+    try:
+        _check((await db.execute(stmt)).rowcount, stale)  # type: ignore[attr-defined]
+        yield db
+        fault_point("before_commit")
+    except BaseException:
+        await db.rollback()
+        raise
+    await db.commit()
+
+
+def compile_for(stmt: Update, dialect: Dialect, paramstyle: str) -> tuple[str, Any]:
+    """Render ``stmt`` as SQL text + parameters for a driver with the given DB-API paramstyle."""
+    dia = type(dialect)(paramstyle=paramstyle)
+    compiled = stmt.compile(dialect=dia)
+    params = compiled.params
+    if compiled.positional:
+        return str(compiled), tuple(params[name] for name in compiled.positiontup or ())
+    return str(compiled), params
+
+
+def _paramstyle(db: Any, dialect: Dialect) -> str:
+    # Every DB-API module declares its paramstyle at top level (PEP 249).
+    module = sys.modules.get(type(db).__module__.split(".")[0])
+    return str(getattr(module, "paramstyle", dialect.paramstyle))
+
+
+@contextmanager
+def _dbapi_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale) -> Iterator[Any]:
+    sql, args = compile_for(stmt, dialect, _paramstyle(db, dialect))
+    try:
+        cur = db.cursor()
+        try:
+            cur.execute(sql, args)  # DB-API drivers open a transaction implicitly here
+            _check(cur.rowcount, stale)
+        finally:
+            cur.close()
+        yield db
+        fault_point("before_commit")
+    except BaseException:
+        db.rollback()
+        raise
+    db.commit()
+
+
+def _is_django(db: Any) -> bool:
+    return all(hasattr(db, a) for a in ("vendor", "alias", "in_atomic_block"))
+
+
+@contextmanager
+def _django_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale) -> Iterator[Any]:
+    from django.db import transaction  # only when a Django connection is passed
+
+    sql, args = compile_for(stmt, dialect, "format")  # Django cursors take %s on every backend
+    with transaction.atomic(using=db.alias):  # nests as a savepoint inside the caller's atomic()
+        with db.cursor() as cur:
+            cur.execute(sql, args)
+            _check(cur.rowcount, stale)
+        yield db
+        fault_point("before_commit")

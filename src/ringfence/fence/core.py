@@ -1,0 +1,212 @@
+"""The fence protocol's decisions, written once as blocking code.
+
+``step.py`` wraps this for ``with`` (called directly) and ``async with`` (each call in
+``asyncio.to_thread``); the provider call and the ``reconcile`` hook are the only parts
+that run in the caller's own style, between :meth:`Core.begin_effect` and
+:meth:`Core.finish_effect`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any, Final
+
+from ..errors import FenceBusy, FenceConflict, FenceError, InDoubt, RetryLater
+from ..faults import fault_point
+from .model import FenceBackend, FenceRow, FenceState, Owner, dumps, params_hash, provider_key
+
+if TYPE_CHECKING:
+    from .step import StepOptions
+
+# A lost takeover race re-reads the row; more losses than this means a storm of takeovers.
+_MAX_ROUNDS = 8
+
+
+class NotHappened:
+    """Type of ``NOT_HAPPENED``: the provider has no record of the key."""
+
+    def __repr__(self) -> str:
+        return "NOT_HAPPENED"
+
+
+RECONCILE: Final = object()  # enter() asks the caller to run the reconcile hook in its own style
+
+
+class Core:
+    """One fenced step of one attempt: the current row, and every transition on it."""
+
+    def __init__(self, store: FenceBackend, owner: Owner, subject: str, step: str,
+                 opts: StepOptions) -> None:
+        self.store, self.owner, self.subject, self.step, self.opts = store, owner, subject, step, opts
+        self.phash = params_hash(opts.params)
+        self.key = provider_key(subject, step)
+        self._row: FenceRow | None = None
+        self.done = False  # completed on an earlier run
+        self.replay = False  # in doubt, provider dedups, window open: call again with the same key
+        self.completed = False  # completed by this run
+
+    @property
+    def row(self) -> FenceRow:
+        if self._row is None:
+            raise FenceError(f"fence {self.subject!r}/{self.step!r} is not open")
+        return self._row
+
+    @property
+    def request(self) -> Any:
+        return self.row.request_value
+
+    def _where(self) -> str:
+        return f"fence {self.subject!r}/{self.step!r}"
+
+    # --- enter ------------------------------------------------------------------------------
+
+    def enter(self) -> object | None:
+        """Capture, or read and apply the rerun rules. Returns RECONCILE when the hook must run."""
+        for _ in range(_MAX_ROUNDS):
+            row = self.store.capture(self.subject, self.step, self.owner, self.phash, self.opts.retention_s)
+            if row is not None:  # we inserted it: epoch 1, claimed
+                self._row = row
+                fault_point("after_capture")
+                return None
+            row = self.store.get(self.subject, self.step)
+            if row is None:  # pruned between our insert and our read: capture again
+                continue
+            decided = self._rerun(row)
+            if decided is not _LOST_RACE:
+                return decided
+        raise FenceBusy(f"{self._where()}: lost {_MAX_ROUNDS} takeover races in a row")
+
+    def _rerun(self, row: FenceRow) -> object | None:
+        if row.params_hash != self.phash:
+            raise FenceConflict(
+                f"{self._where()} exists with params hash {row.params_hash[:12]}…, this run has "
+                f"{self.phash[:12]}…: same key, different parameters; refusing a second effect")
+        if row.state is FenceState.COMPLETED:
+            self._row, self.done = row, True
+            return None
+        if row.state is FenceState.IN_DOUBT:
+            raise self._in_doubt(row, "parked until a person resolves it")
+        if row.owner_token == self.owner.token:  # the same attempt opening it again
+            self._row = row
+            return self._after_takeover(row)
+        if self._alive(row):
+            if row.owner_job_id == self.owner.job_id:
+                raise RetryLater(f"{self._where()}: an earlier attempt of this job still holds it",
+                                 delay_s=max(1.0, min(self.owner.lease_s / 4, 30.0)))
+            raise FenceBusy(f"{self._where()} is owned by live job {row.owner_job_id!r}; "
+                            "this job is a duplicate")
+        new = self.store.take_over(row, self.owner, lease_must_be_over=self.owner.alive is None)
+        if new is None:
+            return _LOST_RACE
+        self._row = new
+        fault_point("after_capture")
+        return self._after_takeover(new)
+
+    def _alive(self, row: FenceRow) -> bool:
+        if row.owner_token is None or row.owner_job_id is None:  # released by a person
+            return False
+        if self.owner.alive is not None:  # the broker's lease is the truth
+            return self.owner.alive(row.owner_job_id, row.owner_token)
+        return row.lease_live  # fallback: lease_until > now, database clock
+
+    def _after_takeover(self, row: FenceRow) -> object | None:
+        if row.state is not FenceState.CALLING or row.reference is not None:
+            return None  # claimed: proceed; effected: effect() returns the stored reference
+        # The effect may have happened and nobody recorded its answer: in doubt.
+        opts = self.opts
+        if (opts.provider_dedup and opts.key_window_s is not None
+                and self.store.in_window(self.subject, self.step, row.epoch, opts.key_window_s)):
+            self.replay = True
+            return None
+        if opts.reconcile is not None:
+            return RECONCILE
+        self._park()
+        return None  # unreachable: _park raises
+
+    def apply_reconcile(self, answer: Any) -> None:
+        """Act on the reconcile hook's answer: adopt a reference, call again, or park."""
+        row = self.row
+        if isinstance(answer, NotHappened):
+            self.store.reset_claimed(self.subject, self.step, row.epoch)
+        elif answer is None:
+            self._park()
+        else:
+            self.store.record(self.subject, self.step, row.epoch, _as_reference(answer))
+        self._refresh()
+
+    def _park(self) -> None:
+        self.store.park(self.subject, self.step, self.row.epoch)
+        self._refresh()
+        raise self._in_doubt(self.row, "owner gone, no reference, no replay or reconcile possible")
+
+    def _in_doubt(self, row: FenceRow, why: str) -> InDoubt:
+        return InDoubt(f"{self._where()} is in doubt ({why}); provider key {row.provider_key}, "
+                       f"epoch {row.epoch}. Check the provider, then resolve it by hand")
+
+    def _refresh(self) -> None:
+        row = self.store.get(self.subject, self.step)
+        if row is None:
+            raise FenceError(f"{self._where()} disappeared")
+        self._row = row
+
+    # --- effect -----------------------------------------------------------------------------
+
+    def begin_effect(self, request: Any) -> str | None:
+        """Before the call: the stored reference if there is one, else commit ``calling``."""
+        row = self.row
+        if row.reference is not None:
+            return row.reference
+        if self.done:
+            raise FenceError(f"{self._where()} completed on an earlier run without a reference")
+        if self.replay:  # same key, stored request: the provider answers with the first result
+            self.store.renew(self.subject, self.step, row.epoch, self.owner.lease_s)
+            return None
+        body = dumps(self.opts.params if request is None else request)
+        self.store.mark_calling(self.subject, self.step, row.epoch, body, self.owner.lease_s)
+        self._refresh()
+        fault_point("after_calling")
+        return None
+
+    def finish_effect(self, value: Any, extract: Any = None) -> str:
+        """After the call: record the reference, committed at once."""
+        fault_point("after_effect")
+        ref = _as_reference(extract(value) if extract is not None else value)
+        self.store.record(self.subject, self.step, self.row.epoch, ref)
+        self._refresh()
+        self.replay = False
+        fault_point("after_record")
+        return ref
+
+    # --- complete / exit --------------------------------------------------------------------
+
+    def completion_args(self, result: Any) -> tuple[int, str | None]:
+        if self.done or self.completed:
+            raise FenceError(f"{self._where()} is already completed")
+        if self.row.state is FenceState.CALLING:
+            raise FenceError(f"{self._where()}: the effect's outcome is unknown; cannot complete")
+        return self.row.epoch, None if result is None else dumps(result)
+
+    def exit(self, exc: BaseException | None) -> None:
+        """Leave the block: auto-complete a clean exit; end the lease of a failed claimed step."""
+        if self._row is None or self.done or self.completed:
+            return
+        if exc is None:
+            _, result = self.completion_args(None)
+            self.store.complete(self.subject, self.step, self.row.epoch, result)
+            self.completed = True
+        elif isinstance(exc, Exception) and self.row.state is FenceState.CLAIMED:
+            # Nothing left the network: let a retry take over at once. Any other state keeps
+            # its lease and its row (an exception after `calling` never unlocks anything).
+            self.store.release(self.subject, self.step, self.row.epoch)
+
+
+_LOST_RACE: Final = object()
+
+
+def _as_reference(value: Any) -> str:
+    if value is None:
+        return ""  # an effect with no reference (an email): recorded as done all the same
+    if isinstance(value, str | int | uuid.UUID):
+        return str(value)
+    raise TypeError(f"effect reference must be a str, int or UUID, got {type(value).__name__}; "
+                    "pass reference=lambda r: r['id']")

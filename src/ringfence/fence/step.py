@@ -1,0 +1,243 @@
+"""The fence protocol as handlers use it: capture → calling → effect → record → complete.
+
+::
+
+    async with ctx.fence(f"order:{order_id}", "charge", params={"amount": amount}) as step:
+        if step.done:                      # the second run is empty
+            return step.result
+        charge_id = await step.effect(lambda: psp.charge(order_id, amount, idempotency_key=step.key))
+        async with step.complete(db, result={"charge_id": charge_id}) as conn:
+            await conn.execute(orders.update().values(charge_id=charge_id))
+
+The same object works with plain ``with`` in sync handlers. The rules a rerun follows
+(takeover, in doubt, busy, conflict) are in ``docs/fences.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final
+
+from ..errors import ConfigError
+from .core import RECONCILE, Core, NotHappened
+from .model import FenceBackend, Owner
+
+__all__ = ["NOT_HAPPENED", "AsyncStep", "FenceContext", "Fences", "Owner", "Step", "StepOptions"]
+
+#: What a ``reconcile`` hook returns when the provider has no record of the key: calling again is safe.
+NOT_HAPPENED: Final = NotHappened()
+
+ReconcileAnswer = str | None | NotHappened
+Reconcile = Callable[[str, Any], ReconcileAnswer | Awaitable[ReconcileAnswer]]
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How a step behaves when its effect is in doubt, and how long its row is kept.
+
+    - ``provider_dedup``: the provider deduplicates by the idempotency key, so replaying the
+      stored request with the same key is safe while ``key_window_s`` (since the first call,
+      database clock) has not passed. Stripe: 24 h; PayPal Orders: 6 h by default.
+    - ``reconcile(key, request)``: look the effect up at the provider; return its reference
+      (adopt it), ``NOT_HAPPENED`` (safe to call again) or ``None`` (unknown → park).
+    - ``retention_s``: delete the completed row after this long; ``None`` keeps it forever
+      (always for money).
+    """
+
+    params: Any = None
+    provider_dedup: bool = False
+    key_window_s: float | None = None
+    reconcile: Reconcile | None = None
+    retention_s: float | None = None
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.provider_dedup and self.key_window_s is None:
+            problems.append("provider_dedup=True needs key_window_s (the provider's key window)")
+        if self.key_window_s is not None and self.key_window_s <= 0:
+            problems.append(f"key_window_s must be > 0, got {self.key_window_s}")
+        if self.retention_s is not None and self.retention_s <= 0:
+            problems.append(f"retention_s must be > 0 or None, got {self.retention_s}")
+        if problems:
+            raise ConfigError(problems)
+
+
+class Fences:
+    """The fences one job attempt may own. The worker builds one per attempt.
+
+    Example::
+
+        fences = Fences(FenceStore(engine), Owner(job_id="j1", token="lease-token", lease_s=60))
+        with fences.open("order:42", "charge", params={"amount": 500}) as step:
+            ...
+    """
+
+    def __init__(self, store: FenceBackend, owner: Owner) -> None:
+        self.store = store
+        self.owner = owner
+
+    def open(self, subject: str, step: str, *, params: Any = None, provider_dedup: bool = False,
+             key_window_s: float | None = None, reconcile: Reconcile | None = None,
+             retention_s: float | None = None) -> FenceContext:
+        """A fence on (subject, step), entered with ``with`` or ``async with``."""
+        opts = StepOptions(params=params, provider_dedup=provider_dedup, key_window_s=key_window_s,
+                           reconcile=reconcile, retention_s=retention_s)
+        return FenceContext(Core(self.store, self.owner, subject, step, opts))
+
+
+class FenceContext:
+    """Enter with ``with`` (→ :class:`Step`) or ``async with`` (→ :class:`AsyncStep`)."""
+
+    def __init__(self, core: Core) -> None:
+        self._core = core
+
+    def __enter__(self) -> Step:
+        core = self._core
+        if core.enter() is RECONCILE:
+            answer = core.opts.reconcile(core.key, core.request) if core.opts.reconcile else None
+            if inspect.isawaitable(answer):
+                _close(answer)
+                raise TypeError("reconcile returned an awaitable: use `async with` for async hooks")
+            core.apply_reconcile(answer)
+        return Step(core)
+
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._core.exit(exc)
+
+    async def __aenter__(self) -> AsyncStep:
+        core = self._core
+        # Store calls are blocking I/O: keep them off the event loop.
+        if await asyncio.to_thread(core.enter) is RECONCILE:
+            answer = core.opts.reconcile(core.key, core.request) if core.opts.reconcile else None
+            if inspect.isawaitable(answer):
+                answer = await answer
+            await asyncio.to_thread(core.apply_reconcile, answer)
+        return AsyncStep(core)
+
+    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await asyncio.to_thread(self._core.exit, exc)
+
+
+class _StepView:
+    """What a handler reads from a step (shared by the sync and async step)."""
+
+    def __init__(self, core: Core) -> None:
+        self._core = core
+
+    @property
+    def done(self) -> bool:
+        """True when the step completed on an earlier run: do nothing, return :attr:`result`."""
+        return self._core.done
+
+    @property
+    def result(self) -> Any:
+        """The result stored by ``complete(..., result=...)`` (decoded JSON)."""
+        return self._core.row.result_value
+
+    @property
+    def key(self) -> str:
+        """The provider idempotency key: derived once from (subject, step); the same on every run."""
+        return self._core.key
+
+    @property
+    def reference(self) -> str | None:
+        """The provider's reference, once recorded."""
+        return self._core.row.reference
+
+    @property
+    def request(self) -> Any:
+        """The request stored when the step started calling (what a replay must send)."""
+        return self._core.request
+
+    @property
+    def epoch(self) -> int:
+        """The fencing token this run holds."""
+        return self._core.row.epoch
+
+    @property
+    def replaying(self) -> bool:
+        """True when :meth:`effect` will replay an in-doubt call with the same key."""
+        return self._core.replay
+
+
+class Step(_StepView):
+    """A fenced step in a sync handler."""
+
+    def effect(self, fn: Callable[[], Any], request: Any = None,
+               reference: Callable[[Any], Any] | None = None) -> str:
+        """Call ``fn`` at most once per fence (outside any transaction) and record its reference.
+
+        Returns the stored reference without calling when one is already recorded.
+        ``request`` (default: the step's params) is stored before the call; ``reference``
+        extracts the reference from ``fn``'s return value (default: the value itself).
+        """
+        stored = self._core.begin_effect(request)
+        if stored is not None:
+            return stored
+        value = fn()
+        if inspect.isawaitable(value):
+            _close(value)
+            raise TypeError("effect(fn): fn returned an awaitable in a sync step; use `async with`")
+        return self._core.finish_effect(value, reference)
+
+    @contextmanager
+    def complete(self, db: Any, result: Any = None) -> Iterator[Any]:
+        """One transaction on ``db``: the fence's completion plus the writes made in the block.
+
+        ``db``: a SQLAlchemy Engine, Connection or Session, or a DB-API connection.
+        Yields what to write through (a Connection for an Engine, else ``db`` itself).
+        """
+        core = self._core
+        with core.store.completion(db, core.subject, core.step, *core.completion_args(result)) as conn:
+            yield conn
+        core.completed = True
+
+
+class AsyncStep(_StepView):
+    """A fenced step in an async handler."""
+
+    async def effect(self, fn: Callable[[], Any], request: Any = None,
+                     reference: Callable[[Any], Any] | None = None) -> str:
+        """Async :meth:`Step.effect`; ``fn`` may be sync or return an awaitable."""
+        stored = await asyncio.to_thread(self._core.begin_effect, request)
+        if stored is not None:
+            return stored
+        value = fn()
+        if inspect.isawaitable(value):
+            value = await value
+        return await asyncio.to_thread(self._core.finish_effect, value, reference)
+
+    @asynccontextmanager
+    async def complete(self, db: Any, result: Any = None) -> AsyncIterator[Any]:
+        """Async :meth:`Step.complete` for AsyncEngine, AsyncConnection or AsyncSession.
+
+        A sync ``db`` (Engine, Connection, Session, DB-API) also works: its statements then
+        run on the loop's thread.
+        """
+        core = self._core
+        args = core.completion_args(result)
+        if _is_async_db(db):
+            async with core.store.acompletion(db, core.subject, core.step, *args) as conn:
+                yield conn
+        else:
+            with core.store.completion(db, core.subject, core.step, *args) as conn:
+                yield conn
+        core.completed = True
+
+
+def _is_async_db(db: Any) -> bool:
+    return type(db).__module__.startswith("sqlalchemy.ext.asyncio") or hasattr(db, "run_sync")
+
+
+def _close(awaitable: Any) -> None:
+    close = getattr(awaitable, "close", None)
+    if callable(close):
+        close()  # no "coroutine was never awaited" warning on top of our error
+

@@ -1,0 +1,261 @@
+"""The SQL fence store: one conditional statement per transition.
+
+Every write after capture is ``WHERE subject=? AND step=? AND epoch=?``; a rowcount of 0
+means another run took the fence over (or a person resolved it) and raises ``FencedOut``.
+Every time is the database's (``db_now``), never the worker's.
+
+Example::
+
+    store = FenceStore("postgresql+psycopg://app@db/app")
+    store.create_all()
+    for row in store.list(state="in_doubt"):
+        print(row.subject, row.step, row.provider_key)
+    store.resolve("order:42", "charge", happened=True, reference="ch_123")
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Engine,
+    MetaData,
+    Update,
+    and_,
+    case,
+    create_engine,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
+
+from ..errors import FencedOut, FenceError
+from . import complete as _complete
+from .model import COMPLETABLE, FenceRow, FenceState, Owner, provider_key
+from .schema import DEFAULT_TABLE, db_now, db_now_plus, fence_table
+
+
+class FenceStore:
+    """Fences in a SQL database (SQLite, PostgreSQL, MySQL/MariaDB) through a sync Engine.
+
+    The table must live in the application's own database: ``Step.complete(db)`` commits
+    the fence's completion in the same transaction as the application's writes.
+    """
+
+    def __init__(self, engine_or_url: Engine | str, *, table_name: str = DEFAULT_TABLE) -> None:
+        self.engine = create_engine(engine_or_url) if isinstance(engine_or_url, str) else engine_or_url
+        self.metadata = MetaData()
+        self.table = fence_table(self.metadata, table_name)
+
+    def create_all(self) -> None:
+        """Create the fence table and its indexes if missing."""
+        self.metadata.create_all(self.engine)
+
+    def drop_all(self) -> None:
+        """Drop the fence table (tests, teardown)."""
+        self.metadata.drop_all(self.engine)
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def _select(self) -> Any:
+        t = self.table
+        live = case((t.c.lease_until > db_now(), 1), else_=0).label("lease_live")
+        return select(*t.c, live)
+
+    def _key(self, subject: str, step: str) -> ColumnElement[bool]:
+        return and_(self.table.c.subject == subject, self.table.c.step == step)
+
+    def get(self, subject: str, step: str) -> FenceRow | None:
+        """The fence row, or None."""
+        with self.engine.connect() as conn:
+            m = conn.execute(self._select().where(self._key(subject, step))).mappings().first()
+        return None if m is None else _row(m)
+
+    show = get
+
+    def list(self, *, state: FenceState | str | None = None, subject: str | None = None,
+             limit: int = 100) -> builtins.list[FenceRow]:
+        """Fences, most recently changed first, filtered by state and/or subject."""
+        q = self._select().order_by(self.table.c.updated_at.desc()).limit(limit)
+        if state is not None:
+            q = q.where(self.table.c.state == str(state))
+        if subject is not None:
+            q = q.where(self.table.c.subject == subject)
+        with self.engine.connect() as conn:
+            return [_row(m) for m in conn.execute(q).mappings()]
+
+    def db_now(self) -> datetime:
+        """The database clock (what every fence timestamp is measured against)."""
+        with self.engine.connect() as conn:
+            value: datetime = conn.execute(select(db_now())).scalar_one()
+        return value
+
+    def in_window(self, subject: str, step: str, epoch: int, window_s: float) -> bool:
+        """Is ``calling_at`` less than ``window_s`` ago (database clock)?"""
+        t = self.table
+        q = select(func.count()).select_from(t).where(
+            self._key(subject, step), t.c.epoch == epoch, t.c.calling_at > db_now_plus(-window_s))
+        with self.engine.connect() as conn:
+            return bool(conn.execute(q).scalar_one())
+
+    # --- transitions ------------------------------------------------------------------------
+
+    def capture(self, subject: str, step: str, owner: Owner, phash: str,
+                retention_s: float | None) -> FenceRow | None:
+        """INSERT the fence (epoch 1, claimed) in its own transaction; None if the key exists."""
+        stmt = insert(self.table).values(
+            subject=subject, step=step, state=FenceState.CLAIMED.value, epoch=1,
+            owner_job_id=owner.job_id, owner_token=owner.token, lease_until=db_now_plus(owner.lease_s),
+            params_hash=phash, provider_key=provider_key(subject, step), retention_s=retention_s,
+            created_at=db_now(), updated_at=db_now())
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(stmt)
+        except IntegrityError:
+            # Portable unique-violation handling; any other integrity error still surfaces.
+            if self.get(subject, step) is None:
+                raise
+            return None
+        return self.get(subject, step)
+
+    def take_over(self, row: FenceRow, owner: Owner, *, lease_must_be_over: bool) -> FenceRow | None:
+        """Become the owner with epoch+1, conditional on the epoch read; None if another run won."""
+        t = self.table
+        cond = [self._key(row.subject, row.step), t.c.epoch == row.epoch,
+                t.c.state.not_in([FenceState.COMPLETED.value, FenceState.IN_DOUBT.value])]
+        if lease_must_be_over:  # no broker probe: the database clock decides
+            cond.append(or_(t.c.lease_until.is_(None), t.c.lease_until <= db_now()))
+        stmt = update(t).where(*cond).values(
+            epoch=t.c.epoch + 1, owner_job_id=owner.job_id, owner_token=owner.token,
+            lease_until=db_now_plus(owner.lease_s), updated_at=db_now())
+        with self.engine.begin() as conn:
+            won = conn.execute(stmt).rowcount == 1
+        return self.get(row.subject, row.step) if won else None
+
+    def _cas(self, subject: str, step: str, epoch: int, values: dict[str, Any],
+             states: Sequence[FenceState] | None = None) -> None:
+        t = self.table
+        cond = [self._key(subject, step), t.c.epoch == epoch]
+        if states is not None:
+            cond.append(or_(*(t.c.state == s.value for s in states)))
+        with self.engine.begin() as conn:
+            if conn.execute(update(t).where(*cond).values(updated_at=db_now(), **values)).rowcount != 1:
+                raise _fenced_out(subject, step, epoch, states)
+
+    def mark_calling(self, subject: str, step: str, epoch: int, request: str | None, lease_s: float) -> None:
+        """claimed → calling, with the exact request; committed before the provider call."""
+        self._cas(subject, step, epoch, {
+            "state": FenceState.CALLING.value, "request": request, "calling_at": db_now(),
+            "lease_until": db_now_plus(lease_s)}, [FenceState.CLAIMED])
+
+    def renew(self, subject: str, step: str, epoch: int, lease_s: float) -> None:
+        """Push ``lease_until`` ahead (a replay is about to call the provider again)."""
+        self._cas(subject, step, epoch, {"lease_until": db_now_plus(lease_s)})
+
+    def record(self, subject: str, step: str, epoch: int, reference: str) -> None:
+        """calling → effected with the provider's reference, committed at once."""
+        self._cas(subject, step, epoch, {"state": FenceState.EFFECTED.value, "reference": reference},
+                  [FenceState.CALLING])
+
+    def reset_claimed(self, subject: str, step: str, epoch: int) -> None:
+        """calling → claimed: reconcile said the effect did not happen, so calling again is safe."""
+        self._cas(subject, step, epoch, {"state": FenceState.CLAIMED.value, "calling_at": None},
+                  [FenceState.CALLING])
+
+    def park(self, subject: str, step: str, epoch: int) -> None:
+        """calling → in_doubt: nobody can tell; a person resolves it."""
+        self._cas(subject, step, epoch, {"state": FenceState.IN_DOUBT.value, "lease_until": None},
+                  [FenceState.CALLING])
+
+    def release(self, subject: str, step: str, epoch: int) -> None:
+        """End our lease early (a claimed step failed before its effect); best effort."""
+        t = self.table
+        stmt = update(t).where(self._key(subject, step), t.c.epoch == epoch).values(
+            lease_until=db_now(), updated_at=db_now())
+        with self.engine.begin() as conn:
+            conn.execute(stmt)
+
+    def complete_statement(self, subject: str, step: str, epoch: int, result: str | None) -> Update:
+        """The epoch-conditional UPDATE to completed, to run in the application's transaction."""
+        t = self.table
+        return update(t).where(
+            self._key(subject, step), t.c.epoch == epoch, or_(*(t.c.state == s.value for s in COMPLETABLE)),
+        ).values(state=FenceState.COMPLETED.value, result=result, completed_at=db_now(),
+                 updated_at=db_now(), lease_until=None)
+
+    def complete(self, subject: str, step: str, epoch: int, result: str | None) -> None:
+        """Complete with no local writes, in a transaction of the store's own engine."""
+        with self.completion(self.engine, subject, step, epoch, result):
+            pass
+
+    def completion(self, db: Any, subject: str, step: str, epoch: int,
+                   result: str | None) -> AbstractContextManager[Any]:
+        """Sync context manager: one transaction on ``db`` holding the completion + caller's writes."""
+        stmt = self.complete_statement(subject, step, epoch, result)
+        return _complete.sync_completion(db, stmt, self.engine.dialect,
+                                         lambda: _fenced_out(subject, step, epoch, COMPLETABLE))
+
+    def acompletion(self, db: Any, subject: str, step: str, epoch: int,
+                    result: str | None) -> AbstractAsyncContextManager[Any]:
+        """Async twin of :meth:`completion` for AsyncEngine / AsyncConnection / AsyncSession."""
+        stmt = self.complete_statement(subject, step, epoch, result)
+        return _complete.async_completion(db, stmt, lambda: _fenced_out(subject, step, epoch, COMPLETABLE))
+
+    # --- operations by a person -------------------------------------------------------------
+
+    def resolve(self, subject: str, step: str, *, happened: bool, reference: str | None = None) -> FenceRow:
+        """Settle an in_doubt fence by hand, bumping the epoch.
+
+        ``happened=True`` (needs ``reference``): the effect took place → effected; the next run
+        completes with that reference. ``happened=False``: it did not → claimed; the next run
+        calls the provider (with the same key).
+        """
+        if happened and not reference:
+            raise ValueError("resolve(happened=True) needs the provider's reference")
+        t = self.table
+        values: dict[str, Any] = (
+            {"state": FenceState.EFFECTED.value, "reference": reference} if happened
+            else {"state": FenceState.CLAIMED.value, "calling_at": None})
+        stmt = update(t).where(self._key(subject, step), t.c.state == FenceState.IN_DOUBT.value).values(
+            epoch=t.c.epoch + 1, owner_job_id=None, owner_token=None, lease_until=None,
+            updated_at=db_now(), **values)
+        with self.engine.begin() as conn:
+            if conn.execute(stmt).rowcount != 1:
+                raise FenceError(f"fence {subject!r}/{step!r} is not in_doubt; nothing to resolve")
+        row = self.get(subject, step)
+        assert row is not None
+        return row
+
+    def prune(self) -> int:
+        """Delete completed fences older than their ``retention_s``; NULL retention is kept forever."""
+        t = self.table
+        stmt = delete(t).where(
+            t.c.state == FenceState.COMPLETED.value, t.c.retention_s.is_not(None),
+            t.c.completed_at < db_now_plus(-t.c.retention_s))
+        with self.engine.begin() as conn:
+            return int(conn.execute(stmt).rowcount)
+
+
+def _fenced_out(subject: str, step: str, epoch: int, states: Sequence[FenceState] | None) -> FencedOut:
+    want = "" if states is None else f" in state {'/'.join(s.value for s in states)}"
+    return FencedOut(f"fence {subject!r}/{step!r}: epoch {epoch}{want} is no longer current; "
+                     "another run took it over or a person resolved it")
+
+
+def _row(m: Any) -> FenceRow:
+    return FenceRow(
+        subject=m["subject"], step=m["step"], state=FenceState(m["state"]), epoch=int(m["epoch"]),
+        owner_job_id=m["owner_job_id"], owner_token=m["owner_token"], params_hash=m["params_hash"],
+        provider_key=m["provider_key"], request=m["request"], reference=m["reference"],
+        result=m["result"], retention_s=m["retention_s"], lease_live=bool(m["lease_live"]),
+        lease_until=m["lease_until"], created_at=m["created_at"], updated_at=m["updated_at"],
+        calling_at=m["calling_at"], completed_at=m["completed_at"])
