@@ -76,6 +76,7 @@ class Processor:
         self._acker: asyncio.Task[None] | None = None
         self.processed = 0
         self.failed = 0
+        self.threads: set[Any] = set()  # futures of sync handlers still running in the pool
 
     # -- fetching -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -189,6 +190,8 @@ class Processor:
             return
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self.pool, functools.partial(task.fn, ctx, **args))
+        self.threads.add(future)
+        future.add_done_callback(self.threads.discard)
         try:
             await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except TimeoutError:

@@ -114,4 +114,11 @@ class Worker:
 def run_worker(app: App, queues: list[tuple[str, int]] | None = None, *, concurrency: int = 10,
                strict: bool = False) -> int:
     worker = Worker(app, queues, concurrency=concurrency, strict=strict)
-    return asyncio.run(worker.run())
+    code = asyncio.run(worker.run())
+    if worker.processor.threads:
+        # Sync handlers still running were requeued; a thread cannot be stopped, so leave without joining it.
+        log.warning("exiting with %d sync handler(s) still running; their jobs were returned to the queue",
+                    len(worker.processor.threads))
+        logging.shutdown()
+        os._exit(code)
+    return code

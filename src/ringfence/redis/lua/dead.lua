@@ -32,4 +32,5 @@ redis.call('HDEL', KEYS[3], id)
 redis.call('HDEL', KEYS[4], id)
 redis.call('HDEL', KEYS[5], id)
 redis.call('HINCRBY', KEYS[8], 'dead', 1)
+redis.call('HINCRBY', KEYS[8], 'failed', 1)
 return 1

@@ -1,0 +1,260 @@
+"""The worker in-process against the real Redis: outcomes, retries, dead-letter, replay, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ringfence import App, DeadJob, Permanent, RetryLater, RetryPolicy
+from ringfence.cli import main as cli
+from ringfence.inspect import DeadFilter, dead_jobs, find_dead, queue_info
+from ringfence.worker.worker import Worker
+
+
+async def run_until(app: App, done: Callable[[], Any], timeout: float = 15, **kw: Any) -> Worker:
+    worker = Worker(app, **kw)
+    runner = asyncio.create_task(worker.run())
+    deadline = time.monotonic() + timeout
+    try:
+        while not done():
+            assert time.monotonic() < deadline, "condition not met in time"
+            assert not runner.done(), runner.result()
+            await asyncio.sleep(0.02)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(runner, 10)
+    return worker
+
+
+async def test_retries_follow_the_profile_and_stop_at_max_attempts(make_app) -> None:
+    app = make_app()
+    runs: list[float] = []
+    dead: list[DeadJob] = []
+    app.on_dead(dead.append)
+
+    @app.task(retry=RetryPolicy(max_attempts=4, base_s=0.2, cap_s=0.3, jitter=False))
+    async def flaky(ctx) -> None:
+        runs.append(time.monotonic())
+        raise ConnectionError(f"attempt {ctx.attempt}")
+
+    job = flaky.enqueue()
+    await run_until(app, lambda: dead)
+    assert len(runs) == 4
+    gaps = [b - a for a, b in zip(runs, runs[1:], strict=False)]
+    # No jitter: 0.2, 0.3 (cap), 0.3; promotion adds at most ~0.1s.
+    for gap, want in zip(gaps, [0.2, 0.3, 0.3], strict=True):
+        assert want - 0.01 <= gap <= want + 0.35
+    [d] = dead
+    assert d.id == job and d.reason == "max_attempts" and d.attempts == 4
+    stored = find_dead(app.broker, job)
+    assert stored is not None and [h["attempt"] for h in stored.history] == [1, 2, 3, 4]
+    assert "ConnectionError: attempt 4" in stored.error and "Traceback" in stored.traceback
+    info = queue_info(app.broker, "default")
+    assert info["dead"] == 1 and info["failed"] == 4 and info["pending"] == info["retry"] == info["active"] == 0
+
+
+async def test_permanent_error_goes_straight_to_dead_letter(make_app) -> None:
+    app = make_app()
+    runs = []
+
+    class CardDeclined(Exception):
+        pass
+
+    @app.task(permanent=(CardDeclined,))
+    async def charge(ctx, kind: str) -> None:
+        runs.append(kind)
+        raise Permanent("no such order") if kind == "p" else CardDeclined("declined")
+
+    charge.enqueue(kind="p")
+    charge.enqueue(kind="c")
+    await run_until(app, lambda: queue_info(app.broker, "default")["dead"] == 2)
+    assert sorted(runs) == ["c", "p"]  # one run each, no retry
+    reasons = {j.args["kind"]: (j.reason, j.attempts) for j in dead_jobs(app.broker, DeadFilter())}
+    assert reasons == {"p": ("permanent", 1), "c": ("permanent", 1)}
+
+
+async def test_replay_runs_a_dead_job_again_under_the_same_id(make_app) -> None:
+    app = make_app()
+    fixed = {"ok": False}
+    seen: list[tuple[str, int]] = []
+
+    @app.task(max_attempts=1)
+    async def job(ctx) -> None:
+        seen.append((ctx.id, ctx.attempt))
+        if not fixed["ok"]:
+            raise ValueError("bug")
+
+    job_id = job.enqueue()
+    await run_until(app, lambda: queue_info(app.broker, "default")["dead"] == 1)
+    fixed["ok"] = True
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(cli, ["dead", "replay", "--task", job.name], env=_env(app))
+    assert result.exit_code == 0, result.output
+    assert "replayed 1" in result.output
+    await run_until(app, lambda: queue_info(app.broker, "default")["processed"] == 1)
+    assert seen == [(job_id, 1), (job_id, 1)]  # same id, attempts reset
+    assert queue_info(app.broker, "default")["dead"] == 0
+
+
+def _env(app: App) -> dict[str, str]:
+    return {"RINGFENCE_REDIS_URL": app.redis_url, "RINGFENCE_NAMESPACE": app.namespace}
+
+
+async def test_dead_cli_filters_and_refuses_without_selection(make_app) -> None:
+    from click.testing import CliRunner
+
+    app = make_app()
+
+    @app.task(max_attempts=1)
+    async def fails(ctx, n: int) -> None:
+        raise ValueError(f"timeout talking to bank {n}" if n % 2 else "bad data")
+
+    app.enqueue_many(fails, [{"n": i} for i in range(6)])
+    await run_until(app, lambda: queue_info(app.broker, "default")["dead"] == 6)
+    runner = CliRunner()
+    res = runner.invoke(cli, ["dead", "replay"], env=_env(app))
+    assert res.exit_code == 2 and "--all" in res.output
+    res = runner.invoke(cli, ["dead", "list", "--json", "--error", "BANK"], env=_env(app))
+    import orjson
+
+    assert len(orjson.loads(res.output)) == 3
+    res = runner.invoke(cli, ["dead", "delete", "--error", "bad data"], env=_env(app))
+    assert "deleted 3" in res.output
+    res = runner.invoke(cli, ["dead", "show", "nope"], env=_env(app))
+    assert res.exit_code == 2 and "not in dead-letter: nope" in res.output
+
+
+async def test_retry_later_does_not_burn_attempts(make_app) -> None:
+    app = make_app()
+    attempts: list[int] = []
+
+    @app.task(max_attempts=1)
+    async def waits(ctx) -> None:
+        attempts.append(ctx.attempt)
+        if len(attempts) < 3:
+            raise RetryLater("provider busy", delay_s=0.05)
+
+    waits.enqueue()
+    await run_until(app, lambda: queue_info(app.broker, "default")["processed"] == 1)
+    assert attempts == [1, 1, 1]
+
+
+async def test_sync_and_async_handlers_and_context(make_app) -> None:
+    app = make_app()
+    seen: dict[str, Any] = {}
+
+    @app.task(queue="q1")
+    def sync_task(ctx, a: int) -> None:
+        import threading
+
+        seen["sync"] = (ctx.task, ctx.queue, ctx.attempt, threading.current_thread().name, a)
+
+    @app.task(queue="q2")
+    async def async_task(ctx, b: str) -> None:
+        seen["async"] = (ctx.id, ctx.enqueued_at.year, b)
+
+    sync_task.enqueue(a=1)
+    job = async_task.enqueue(b="x")
+    await run_until(app, lambda: len(seen) == 2, queues=[("q1", 1), ("q2", 1)])
+    assert seen["sync"][:3] == (sync_task.name, "q1", 1) and seen["sync"][3].startswith("ringfence-job")
+    assert seen["async"][0] == job and seen["async"][2] == "x"
+
+
+async def test_async_timeout_cancels_the_job(make_app) -> None:
+    app = make_app()
+    cancelled = []
+
+    @app.task(timeout_s=0.2, max_attempts=1)
+    async def hangs(ctx) -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    hangs.enqueue()
+    await run_until(app, lambda: queue_info(app.broker, "default")["dead"] == 1)
+    assert cancelled == [True]
+    [d] = dead_jobs(app.broker, DeadFilter())
+    assert "timed out after 0.2s" in d.error
+
+
+async def test_unknown_task_is_kept_not_lost(make_app) -> None:
+    producer = make_app()
+
+    @producer.task(name="only.in.new.release")
+    def newer(ctx) -> None: ...
+
+    newer.enqueue()
+    consumer = make_app()
+
+    @consumer.task
+    def other(ctx) -> None: ...
+
+    await run_until(consumer, lambda: queue_info(consumer.broker, "default")["scheduled"] == 1)
+    info = queue_info(consumer.broker, "default")
+    assert info["dead"] == 0 and info["processed"] == 0
+
+
+async def test_graceful_shutdown_requeues_unfinished_async_job_without_burning(make_app) -> None:
+    app = make_app()
+    started = asyncio.Event()
+    saw_cancel = []
+
+    @app.task
+    async def long(ctx) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            saw_cancel.append(ctx.cancelled.is_set())
+            raise
+
+    job = long.enqueue()
+    worker = Worker(app)
+    runner = asyncio.create_task(worker.run())
+    await asyncio.wait_for(started.wait(), 10)
+    t0 = time.monotonic()
+    worker.request_stop()
+    await asyncio.wait_for(runner, 15)
+    assert time.monotonic() - t0 < app.worker_settings.shutdown_timeout_s + 2
+    assert saw_cancel == [True]
+    k = app.broker.keys.queue("default")
+    assert app.broker.sync.lrange(k.pending, 0, -1) == [job.encode()]
+    assert app.broker.attempts("default", job) == 0  # not burned
+    assert app.broker.sync.zcard(k.active) == 0
+
+
+async def test_idle_worker_wakes_on_enqueue_without_polling(make_app) -> None:
+    app = make_app()
+    started: list[float] = []
+
+    @app.task
+    async def t(ctx) -> None:
+        started.append(time.time() * 1000 - ctx.enqueued_ms)
+
+    worker = Worker(app)
+    runner = asyncio.create_task(worker.run())
+    await asyncio.sleep(1.0)  # idle: asleep on the wake channel (fallback timer is heartbeat_s)
+    for _ in range(5):
+        await t.aenqueue()
+        await asyncio.sleep(0.1)
+    worker.request_stop()
+    await asyncio.wait_for(runner, 10)
+    assert len(started) == 5
+    # Far below the fallback interval: the worker was woken, not polling.
+    assert max(started) < app.worker_settings.heartbeat_s * 1000 / 2
+
+
+@pytest.mark.parametrize("bad", ["critical=x", "critical=0", "", "bad name=1"])
+def test_queue_spec_errors(bad: str) -> None:
+    from ringfence.errors import ConfigError
+    from ringfence.worker.worker import parse_queues
+
+    with pytest.raises(ConfigError):
+        parse_queues(bad)

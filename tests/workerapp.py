@@ -1,0 +1,63 @@
+"""The app that real worker processes in the tests run. Handlers record what they did in Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import redis
+
+from ringfence import App, Permanent, RetryPolicy, WorkerSettings
+
+ns = os.environ["RINGFENCE_NAMESPACE"]
+app = App(
+    namespace=ns,
+    environment=os.environ.get("RINGFENCE_ENV", "test"),
+    worker=WorkerSettings(lease_s=2.0, heartbeat_s=0.5, recover_interval_s=0.5, promote_interval_s=0.1,
+                          shutdown_timeout_s=float(os.environ.get("TEST_SHUTDOWN_S", "3")), server_ttl_s=3.0),
+    retry=RetryPolicy(max_attempts=3, base_s=0.1, cap_s=0.5),
+)
+r = redis.Redis.from_url(os.environ["RINGFENCE_REDIS_URL"])
+
+
+def log(kind: str, *values: object) -> None:
+    r.rpush(f"{ns}:test:{kind}", " ".join(str(v) for v in values))
+
+
+@app.task
+async def noop(ctx, n: int) -> None:
+    log("runs", ctx.id, n)
+
+
+@app.task
+async def slow(ctx, seconds: float) -> None:
+    log("started", ctx.id, ctx.attempt, time.time())
+    await asyncio.sleep(seconds)
+    log("finished", ctx.id, ctx.attempt, time.time())
+
+
+@app.task
+def slow_sync(ctx, seconds: float) -> None:
+    log("started", ctx.id, ctx.attempt, time.time())
+    time.sleep(seconds)
+    log("finished", ctx.id, ctx.attempt, time.time())
+
+
+@app.task(timeout_s=0.5)
+def hangs(ctx, seconds: float) -> None:
+    log("started", ctx.id, ctx.attempt, time.time())
+    time.sleep(seconds)
+
+
+@app.task
+async def interval(ctx, seconds: float) -> None:
+    """Records [start, end] so a test can check two runs of one job never overlap."""
+    start = time.time()
+    await asyncio.sleep(seconds)
+    log("intervals", ctx.id, start, time.time())
+
+
+@app.task
+async def refuses(ctx) -> None:
+    raise Permanent("card declined")
