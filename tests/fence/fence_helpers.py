@@ -37,10 +37,11 @@ class Provider:
         self._by_key: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def charge(self, amount: int, idempotency_key: str | None = None) -> str:
+    def charge(self, amount: int, idempotency_key: str | None = None, dedup: bool = True) -> str:
+        """A charge. ``dedup=False`` plays a provider that ignores keys (it only remembers them)."""
         with self._lock:
             self.calls.append(idempotency_key)
-            if idempotency_key is not None and idempotency_key in self._by_key:
+            if dedup and idempotency_key is not None and idempotency_key in self._by_key:
                 return self._by_key[idempotency_key]
             charge_id = f"ch_{uuid.uuid4().hex[:10]}"
             self.charges[charge_id] = idempotency_key or ""

@@ -85,7 +85,8 @@ async def async_completion(db: Any, stmt: Update, stale: Stale) -> AsyncIterator
 
 def compile_for(stmt: Update, dialect: Dialect, paramstyle: str) -> tuple[str, Any]:
     """Render ``stmt`` as SQL text + parameters for a driver with the given DB-API paramstyle."""
-    dia = type(dialect)(paramstyle=paramstyle)
+    dialect_cls: Any = type(dialect)  # same dialect, the raw driver's paramstyle
+    dia = dialect_cls(paramstyle=paramstyle)
     compiled = stmt.compile(dialect=dia)
     params = compiled.params
     if compiled.positional:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -216,7 +216,7 @@ class RedisFenceStore:
         fields = ({"state": FenceState.EFFECTED.value, "reference": reference or ""} if happened
                   else {"state": FenceState.CLAIMED.value, "calling_at": NIL})
         if not self._cas(subject, step, None, states=(FenceState.IN_DOUBT,), bump=True, lease_ms="-",
-                         owner_job_id=NIL, owner_token=NIL, **fields):
+                         owner_job_id=NIL, owner_token=NIL, **cast("dict[str, Any]", fields)):
             raise FenceError(f"redis fence {subject!r}/{step!r} is not in_doubt; nothing to resolve")
         row = self.get(subject, step)
         assert row is not None
@@ -228,4 +228,4 @@ def _s(v: Any) -> str:
 
 
 def _dt(ms: int | str | None) -> datetime | None:
-    return None if ms in (None, "") else datetime.fromtimestamp(int(ms) / 1000, tz=UTC)  # type: ignore[arg-type]
+    return None if ms is None or ms == "" else datetime.fromtimestamp(int(ms) / 1000, tz=UTC)
