@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,7 +45,7 @@ async def test_retries_follow_the_profile_and_stop_at_max_attempts(make_app) -> 
     job = flaky.enqueue()
     await run_until(app, lambda: dead)
     assert len(runs) == 4
-    gaps = [b - a for a, b in zip(runs, runs[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(runs)]
     # No jitter: 0.2, 0.3 (cap), 0.3; promotion adds at most ~0.1s.
     for gap, want in zip(gaps, [0.2, 0.3, 0.3], strict=True):
         assert want - 0.01 <= gap <= want + 0.35

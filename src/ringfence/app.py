@@ -17,6 +17,7 @@ from ringfence.tasks import EnqueueOptions, Registry, RetryDelay, Task
 log = logging.getLogger("ringfence")
 
 DeadHook = Callable[[DeadJob], Any]
+DEFAULT_FENCE_URL = "sqlite:///ringfence.db"
 _DEFAULT: Any = object()  # "use the app default", distinct from None ("off")
 
 
@@ -59,6 +60,9 @@ class App:
         self.dead_hooks: list[DeadHook] = []
         self._broker: Broker | None = None
         self._embedded: Any = None
+        self._fence_store: Any = None
+        self._redis_fence_store: Any = None
+        self._failed_jobs: Any = None
 
     # -- wiring ---------------------------------------------------------------------------------
     @property
@@ -78,6 +82,38 @@ class App:
         if self._broker is None:
             self._broker = Broker(self.redis_url, self.namespace)
         return self._broker
+
+    @property
+    def fence_store(self) -> Any:
+        """The SQL fence store (``fence_url``; without one, SQLite ``./ringfence.db``, tables created)."""
+        if self._fence_store is None:
+            from ringfence.fence import FenceStore
+
+            url = self.fence_url or DEFAULT_FENCE_URL
+            self._fence_store = FenceStore(url)
+            if self._fence_store.engine.dialect.name == "sqlite":
+                self._fence_store.create_all()  # the embedded default needs no migration step
+        return self._fence_store
+
+    @property
+    def redis_fence_store(self) -> Any:
+        """Fences kept in Redis: for cheap effects where a lost key is acceptable, never for money."""
+        if self._redis_fence_store is None:
+            from ringfence.redis.fence import RedisFenceStore
+
+            self._redis_fence_store = RedisFenceStore(self.broker.sync, prefix=self.namespace)
+        return self._redis_fence_store
+
+    @property
+    def failed_jobs(self) -> Any:
+        """The durable dead-letter table, when a fence database is configured; else None."""
+        if self._failed_jobs is None and self.fence_url:
+            from ringfence.fence.failed import FailedJobs
+
+            self._failed_jobs = FailedJobs(self.fence_store.engine)
+            if self.fence_store.engine.dialect.name == "sqlite":
+                self._failed_jobs.create_all()
+        return self._failed_jobs
 
     # -- declaration ----------------------------------------------------------------------------
     @overload

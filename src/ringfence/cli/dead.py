@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import click
+import orjson
 
 from ringfence import inspect
 from ringfence.app import App
@@ -22,9 +24,7 @@ def filters(fn):  # type: ignore[no-untyped-def]
 
 
 def _select(app: App, ids: tuple[str, ...], all_: bool, **flt: str | None) -> list[DeadJob]:
-    has_filter = any(v is not None for v in flt.values())
-    if not ids and not all_ and not has_filter:
-        raise ConfigError("name job ids, a filter (--task/--queue/--error/--reason), or --all")
+    _require_selection(ids, all_, **flt)
     if ids:
         found = [inspect.find_dead(app.broker, i) for i in ids]
         missing = [i for i, j in zip(ids, found, strict=True) if j is None]
@@ -32,6 +32,11 @@ def _select(app: App, ids: tuple[str, ...], all_: bool, **flt: str | None) -> li
             raise ConfigError(f"not in dead-letter: {', '.join(missing)}")
         return [j for j in found if j is not None]
     return inspect.dead_jobs(app.broker, inspect.DeadFilter(**flt))
+
+
+def _require_selection(ids: tuple[str, ...], all_: bool, **flt: str | None) -> None:
+    if not ids and not all_ and not any(v is not None for v in flt.values()):
+        raise ConfigError("name job ids, a filter (--task/--queue/--error/--reason), or --all")
 
 
 @main.group()
@@ -71,12 +76,48 @@ def show(app: App, job_id: str) -> None:
 @filters
 @click.option("--all", "all_", is_flag=True, help="every dead job (of --queue if given)")
 def replay(app: App, ids: tuple[str, ...], all_: bool, **flt: str | None) -> None:
-    """Run dead jobs again under the same id (fences still apply), attempts reset."""
-    jobs = _select(app, ids, all_, **flt)
-    done = 0
-    for queue in sorted({j.queue for j in jobs}):
-        done += len(app.broker.run(app.broker.replay(queue, [j.id for j in jobs if j.queue == queue])))
-    click.echo(f"replayed {done} job(s)")
+    """Run dead jobs again under the same id (fences still apply), attempts reset.
+
+    With a fence database configured, jobs found only in its failed_jobs table (Redis lost them) are
+    enqueued again from there."""
+    _require_selection(ids, all_, **flt)
+    if ids:
+        in_redis = [j for j in (inspect.find_dead(app.broker, i) for i in ids) if j is not None]
+    else:
+        in_redis = inspect.dead_jobs(app.broker, inspect.DeadFilter(**flt))
+    done: list[str] = []
+    for queue in sorted({j.queue for j in in_redis}):
+        done += app.broker.run(app.broker.replay(queue, [j.id for j in in_redis if j.queue == queue]))
+    seen = {j.id for j in in_redis}
+    restored = 0
+    for row in _durable_rows(app, ids, all_, **flt):
+        if row["job_id"] in seen:
+            continue
+        seen.add(row["job_id"])
+        queue, job_id = row["queue"], row["job_id"]
+        if app.broker.run(app.broker.enqueue(queue, [(job_id, orjson.dumps(row["payload"]), 0)]))[0]:
+            app.broker.register_queues([queue])
+            done.append(job_id)
+            restored += 1
+    if app.failed_jobs is not None:
+        app.failed_jobs.mark_replayed(done)
+    missing = [i for i in ids if i not in seen]
+    note = f" ({restored} restored from the failed_jobs table)" if restored else ""
+    click.echo(f"replayed {len(done)} job(s){note}")
+    if missing:
+        raise ConfigError(f"not in dead-letter: {', '.join(missing)}")
+
+
+def _durable_rows(app: App, ids: tuple[str, ...], all_: bool, **flt: str | None) -> list[dict[str, Any]]:
+    """failed_jobs rows (not replayed yet) matching the selection; empty without a fence database."""
+    failed = app.failed_jobs
+    if failed is None:
+        return []
+    from ringfence.fence.failed import as_dead_job
+
+    rows = failed.unreplayed(list(ids) if ids else None)
+    f = inspect.DeadFilter(**flt)
+    return [r for r in rows if (ids or all_ or f.matches(as_dead_job(r))) and (not f.queue or r["queue"] == f.queue)]
 
 
 @dead.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 log = logging.getLogger("ringfence.worker")
@@ -32,10 +33,8 @@ class Loop:
                 raise
             except Exception:
                 log.exception("%s: tick failed; retrying in %.1fs", self.name, self.interval_s)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self.interval_s)
-            except TimeoutError:
-                pass
 
     async def stop(self) -> None:
         self._stop.set()

@@ -13,12 +13,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from ringfence.app import App
 from ringfence.errors import FenceBusy, InDoubt, PayloadError, Permanent, RetryLater
 from ringfence.models import DeadJob, Fetched, JobSpec
 from ringfence.redis.broker import Broker, Waker
 from ringfence.settings import WorkerSettings
 from ringfence.tasks import JobContext, Task
+from ringfence.worker.fencing import Fencing
 
 log = logging.getLogger("ringfence.worker")
 
@@ -77,6 +80,7 @@ class Processor:
         self.processed = 0
         self.failed = 0
         self.threads: set[Any] = set()  # futures of sync handlers still running in the pool
+        self.fencing = Fencing(app, broker, settings)
 
     # -- fetching -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -149,12 +153,12 @@ class Processor:
         refused = self._refuse(job, spec, task)
         if refused is not None:
             return refused
+        timeout_s = spec.timeout_ms / 1000 if spec.timeout_ms else task.options.timeout_s
         r.ctx = ctx = JobContext(
             id=job.id, task=task.name, queue=job.queue, attempt=job.attempt,
             max_attempts=spec.max_attempts or task.options.retry.max_attempts,
-            enqueued_ms=spec.enqueued_ms, token=job.token,
+            enqueued_ms=spec.enqueued_ms, token=job.token, timeout_s=timeout_s, fencing=self.fencing,
         )
-        timeout_s = spec.timeout_ms / 1000 if spec.timeout_ms else task.options.timeout_s
         try:
             await self._call(r, task, ctx, spec.args, timeout_s)
         except asyncio.CancelledError:
@@ -256,6 +260,8 @@ class Processor:
         dead = DeadJob(id=job.id, queue=job.queue, task=task_name, args=spec.args if spec else {},
                        reason=o.reason, error=o.error, traceback=o.tb, attempts=job.attempt,
                        died_ms=self.broker.clock(), history=[], raw_spec=spec.encode().decode() if spec else "")
+        if spec is not None:
+            await self.fencing.record_dead(dead, orjson.loads(spec.encode()))
         for hook in self.app.dead_hooks:
             try:
                 result = hook(dead)

@@ -36,22 +36,17 @@ def supervise(child_argv: list[str], processes: int, restart_delay_s: float = 1.
     signal.signal(signal.SIGINT, stop)
     for slot in range(processes):
         spawn(slot)
-    while True:
-        alive = 0
+    while not (stopping and all(p.poll() is not None for p in children.values())):
         for slot, p in list(children.items()):
             code = p.poll()
-            if code is None:
-                alive += 1
-            elif not stopping:
+            if code is not None and not stopping:
                 log.warning("supervisor: worker %d (pid %d) exited with %d; restarting in %gs",
                             slot, p.pid, code, restart_delay_s)
                 time.sleep(restart_delay_s)
                 if not stopping:
                     spawn(slot)
-                    alive += 1
-        if stopping and alive == 0:
-            return 0
         time.sleep(0.2)
+    return 0
 
 
 def child_command(argv: list[str]) -> list[str]:

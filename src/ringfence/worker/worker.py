@@ -78,7 +78,8 @@ class Worker:
         if recorded != self.app.environment:
             raise EnvironmentMismatch(
                 f"namespace {self.app.namespace!r} belongs to environment {recorded!r} but this worker is "
-                f"{self.app.environment!r}; point it at the right Redis or namespace (RINGFENCE_ENV, RINGFENCE_NAMESPACE)"
+                f"{self.app.environment!r}; point it at the right Redis or namespace "
+                "(RINGFENCE_ENV, RINGFENCE_NAMESPACE)"
             )
 
     async def run(self) -> int:

@@ -1,0 +1,71 @@
+"""A worker app whose job charges an order through a fenced step. The "provider" is a table written in its
+own transaction (outside the job's), honouring the idempotency key the way a real provider does."""
+
+from __future__ import annotations
+
+import os
+
+from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select, update
+
+from ringfence import App, RetryPolicy, WorkerSettings
+
+ns = os.environ["RINGFENCE_NAMESPACE"]
+app = App(
+    namespace=ns,
+    environment="test",
+    fence_url=os.environ["FENCE_URL"],
+    worker=WorkerSettings(lease_s=2.0, heartbeat_s=0.5, recover_interval_s=0.5, promote_interval_s=0.1,
+                          shutdown_timeout_s=3.0, server_ttl_s=3.0),
+    retry=RetryPolicy(max_attempts=5, base_s=0.1, cap_s=0.3),
+)
+md = MetaData()
+orders = Table(f"orders_{ns}", md, Column("id", Integer, primary_key=True, autoincrement=False),
+               Column("charge_id", String(64)))
+charges = Table(f"charges_{ns}", md, Column("id", Integer, primary_key=True, autoincrement=True),
+                Column("order_id", Integer), Column("idem_key", String(64)))
+
+
+def engine():
+    return app.fence_store.engine
+
+
+def provider_charge(order_id: int, key: str | None) -> str:
+    with engine().begin() as c:
+        if key is not None:
+            found = c.execute(select(charges.c.id).where(charges.c.idem_key == key)).scalar()
+            if found is not None:
+                return f"ch_{found}"
+        new = c.execute(insert(charges).values(order_id=order_id, idem_key=key)).inserted_primary_key[0]
+    return f"ch_{new}"
+
+
+def _charge(ctx, order_id: int, amount: int, **step_options) -> None:
+    with ctx.fence(f"{ns}:order:{order_id}", "charge", params={"amount": amount}, **step_options) as step:
+        if step.done:
+            return
+        ref = step.effect(lambda: provider_charge(order_id, step.key))
+        with step.complete(engine(), result={"charge_id": ref}) as conn:
+            conn.execute(update(orders).where(orders.c.id == order_id).values(charge_id=ref))
+
+
+@app.task
+def charge_dedup(ctx, order_id: int, amount: int) -> None:
+    """The provider dedups by the forwarded key: an in-doubt call may be replayed with it."""
+    _charge(ctx, order_id, amount, provider_dedup=True, key_window_s=3600)
+
+
+@app.task
+def charge_strict(ctx, order_id: int, amount: int) -> None:
+    """No dedup declared and no reconcile hook: an in-doubt call parks the job."""
+    _charge(ctx, order_id, amount)
+
+
+@app.task
+async def charge_async(ctx, order_id: int, amount: int) -> None:
+    async with ctx.fence(f"{ns}:order:{order_id}", "charge", params={"amount": amount},
+                         provider_dedup=True, key_window_s=3600) as step:
+        if step.done:
+            return
+        ref = await step.effect(lambda: provider_charge(order_id, step.key))
+        async with step.complete(engine(), result={"charge_id": ref}) as conn:
+            conn.execute(update(orders).where(orders.c.id == order_id).values(charge_id=ref))
