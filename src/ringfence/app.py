@@ -17,6 +17,7 @@ from ringfence.tasks import EnqueueOptions, Registry, RetryDelay, Task
 log = logging.getLogger("ringfence")
 
 DeadHook = Callable[[DeadJob], Any]
+AlertHook = Callable[[str, str, dict[str, Any]], Any]
 DEFAULT_FENCE_URL = "sqlite:///ringfence.db"
 _DEFAULT: Any = object()  # "use the app default", distinct from None ("off")
 
@@ -58,6 +59,7 @@ class App:
         self.registry = Registry()
         self.client = Client(self)
         self.dead_hooks: list[DeadHook] = []
+        self.alert_hooks: list[AlertHook] = []
         self._broker: Broker | None = None
         self._embedded: Any = None
         self._fence_store: Any = None
@@ -123,7 +125,8 @@ class App:
 
     def task(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
         """Register a handler: ``@app.task`` or ``@app.task(name=..., queue=..., max_attempts=..., timeout_s=...,
-        expiry_s=..., retry=RetryPolicy(...), retry_delay=fn(attempt, exc), permanent=(ExcType, ...))``."""
+        expiry_s=..., retry=RetryPolicy(...), retry_delay=fn(attempt, exc), permanent=(ExcType, ...),
+        version=N, payload=PydanticModel, example={...})``."""
         if fn is not None:
             return self._register(fn, **options)
         return lambda f: self._register(f, **options)
@@ -140,6 +143,9 @@ class App:
         retry: RetryPolicy | None = None,
         retry_delay: RetryDelay | None = None,
         permanent: Iterable[type[BaseException]] = (),
+        version: int = 1,
+        payload: Any = None,
+        example: dict[str, Any] | None = None,
     ) -> Task:
         policy = retry or self.default_retry
         if max_attempts is not None:
@@ -152,7 +158,8 @@ class App:
             retry=policy,
         )
         check(options.problems(self.worker_settings))
-        task = Task(self, fn, options, tuple(permanent), retry_delay)
+        task = Task(self, fn, options, tuple(permanent), retry_delay, version=version, payload=payload,
+                    example=example)
         self.registry.add(task)
         return task
 
@@ -160,6 +167,22 @@ class App:
         """Call ``hook(dead_job)`` in the worker after a job reaches dead-letter (usable as a decorator)."""
         self.dead_hooks.append(hook)
         return hook
+
+    def on_alert(self, hook: AlertHook) -> AlertHook:
+        """Call ``hook(kind, message, details)`` when a worker raises an alert (usable as a decorator)."""
+        self.alert_hooks.append(hook)
+        return hook
+
+    async def alert(self, kind: str, message: str, details: dict[str, Any]) -> None:
+        """Log the alert and run every hook; a failing hook is logged, never raised."""
+        log.error("ALERT [%s] %s", kind, message)
+        for hook in self.alert_hooks:
+            try:
+                result = hook(kind, message, details)
+                if hasattr(result, "__await__"):
+                    await result
+            except Exception:
+                log.exception("alert hook %r failed", hook)
 
     def check(self, worker: WorkerSettings | None = None) -> None:
         """Check every task against the worker settings; raise one ConfigError listing all violations."""
@@ -170,11 +193,11 @@ class App:
         check(problems)
 
     # -- producing ------------------------------------------------------------------------------
-    def enqueue_many(self, task: Task, payloads: Iterable[dict[str, Any]], **options: Any) -> list[str]:
+    def enqueue_many(self, task: Task, payloads: Iterable[Any], **options: Any) -> list[str]:
         """Enqueue many jobs of one task in one round trip per queue; returns their ids in order."""
         return self.client.enqueue_many(task, payloads, EnqueueOptions(**options))
 
-    async def aenqueue_many(self, task: Task, payloads: Iterable[dict[str, Any]], **options: Any) -> list[str]:
+    async def aenqueue_many(self, task: Task, payloads: Iterable[Any], **options: Any) -> list[str]:
         return await self.client.aenqueue_many(task, payloads, EnqueueOptions(**options))
 
     def close(self) -> None:

@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ringfence.errors import ConfigError, PayloadError
+from ringfence.errors import ConfigError
 from ringfence.models import JobSpec, new_job_id
 from ringfence.settings import MAX_ATTEMPTS_LIMIT, check_name
 from ringfence.tasks import EnqueueOptions, Task
@@ -23,10 +23,9 @@ class Client:
         self.app = app
         self._known_queues: set[str] = set()
 
-    def prepare(self, task: Task, payload: dict[str, Any], opts: EnqueueOptions) -> Prepared:
-        if not isinstance(payload, dict):
-            raise PayloadError(f"task {task.name!r}: a payload is a dict of fields, got {type(payload).__name__}")
-        task.check_payload(payload)
+    def prepare(self, task: Task, payload: Any, opts: EnqueueOptions) -> Prepared:
+        """Validate and encode one job. ``payload`` is a dict of fields or the task's payload model."""
+        args = task.codec.encode(payload)
         now = self.app.broker.clock()
         queue = check_name("queue", opts.queue or task.options.queue)
         at = 0
@@ -47,8 +46,9 @@ class Client:
         expiry_s = opts.expiry_s
         spec = JobSpec(
             task=task.name,
-            args=payload,
+            args=args,
             enqueued_ms=now,
+            version=task.version,
             max_attempts=opts.max_attempts,
             timeout_ms=None if opts.timeout_s is None else int(opts.timeout_s * 1000),
             expires_ms=None if expiry_s is None else max(now, at) + int(expiry_s * 1000),
@@ -68,10 +68,10 @@ class Client:
         self._known_queues |= new
         return sorted(new)
 
-    def enqueue(self, task: Task, payload: dict[str, Any], opts: EnqueueOptions) -> str:
+    def enqueue(self, task: Task, payload: Any, opts: EnqueueOptions) -> str:
         return self.enqueue_many(task, [payload], opts)[0]
 
-    def enqueue_many(self, task: Task, payloads: Iterable[dict[str, Any]], opts: EnqueueOptions) -> list[str]:
+    def enqueue_many(self, task: Task, payloads: Iterable[Any], opts: EnqueueOptions) -> list[str]:
         prepared = [self.prepare(task, p, opts) for p in payloads]
         broker = self.app.broker
         broker.register_queues(self._new_queues(prepared))
@@ -79,10 +79,10 @@ class Client:
             broker.run(call)
         return [p[1] for p in prepared]
 
-    async def aenqueue(self, task: Task, payload: dict[str, Any], opts: EnqueueOptions) -> str:
+    async def aenqueue(self, task: Task, payload: Any, opts: EnqueueOptions) -> str:
         return (await self.aenqueue_many(task, [payload], opts))[0]
 
-    async def aenqueue_many(self, task: Task, payloads: Iterable[dict[str, Any]],
+    async def aenqueue_many(self, task: Task, payloads: Iterable[Any],
                             opts: EnqueueOptions) -> list[str]:
         prepared = [self.prepare(task, p, opts) for p in payloads]
         broker = self.app.broker

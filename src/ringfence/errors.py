@@ -6,6 +6,7 @@
     ├── ConfigError            a setting breaks an invariant; the app or worker refuses to start
     ├── EnvironmentMismatch    the namespace belongs to another environment (staging vs production)
     ├── PayloadError           a payload cannot be encoded or decoded (names the task and field)
+    │   └── PayloadTooNew      written by a newer release than this worker: delayed, not failed
     ├── BrokerError
     │   └── LeaseLost          this attempt no longer owns the job (its lease expired or was recovered)
     ├── JobError               raised by handlers to steer retries
@@ -41,6 +42,10 @@ class EnvironmentMismatch(ConfigError):
 
 class PayloadError(RingfenceError):
     """A payload cannot be encoded to JSON or decoded for its task."""
+
+
+class PayloadTooNew(PayloadError):
+    """The payload's version is newer than this worker reads (rolling deploy): the job waits, it is not failed."""
 
 
 class BrokerError(RingfenceError):

@@ -29,7 +29,19 @@ def queue_info(broker: Broker, queue: str) -> dict[str, Any]:
         "orphaned": stats.get("orphaned", 0),
         "latency_s": round(latency, 3),
         "paused": c["paused"],
+        **versions_in_flight(broker, queue),
     }
+
+
+def versions_in_flight(broker: Broker, queue: str) -> dict[str, Any]:
+    """``task@version`` counts of the jobs in the queue (exact up to 1,000 jobs, else from a random sample)."""
+    specs, exact = broker.spec_sample(queue)
+    counts: dict[str, int] = {}
+    for raw in specs:
+        spec = JobSpec.decode(raw)
+        tag = f"{spec.task}@v{spec.version}"
+        counts[tag] = counts.get(tag, 0) + 1
+    return {"versions": dict(sorted(counts.items())), "versions_exact": exact}
 
 
 def info(broker: Broker) -> list[dict[str, Any]]:

@@ -59,6 +59,11 @@ class WorkerSettings:
     promote_interval_s: float = 0.5
     shutdown_timeout_s: float = 25.0
     server_ttl_s: float = 30.0
+    # A job this worker cannot read yet (newer payload version, unknown task) waits defer_s and is retried
+    # without burning an attempt; past grace_s after its enqueue it alerts (newer version) or goes to
+    # dead-letter (unknown task).
+    defer_s: float = 30.0
+    grace_s: float = 3600.0
 
     def problems(self) -> list[str]:
         out = []
@@ -73,6 +78,8 @@ class WorkerSettings:
             out.append(
                 f"shutdown_timeout_s={self.shutdown_timeout_s} must be below max_lease_s={self.max_lease_s}"
             )
+        if self.defer_s <= 0 or self.grace_s < self.defer_s:
+            out.append(f"defer_s={self.defer_s} must be > 0 and grace_s={self.grace_s} >= defer_s")
         if self.server_ttl_s <= self.heartbeat_s:
             out.append(f"server_ttl_s={self.server_ttl_s} must exceed heartbeat_s={self.heartbeat_s}")
         return out

@@ -9,7 +9,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel
+
 from ringfence.errors import ConfigError, PayloadError
+from ringfence.payloads import PayloadCodec, Upcaster
 from ringfence.settings import TaskOptions
 
 if TYPE_CHECKING:
@@ -31,53 +34,54 @@ class Task:
     """
 
     def __init__(self, app: App, fn: Callable[..., Any], options: TaskOptions,
-                 permanent: tuple[type[BaseException], ...] = (), retry_delay: RetryDelay | None = None) -> None:
+                 permanent: tuple[type[BaseException], ...] = (), retry_delay: RetryDelay | None = None,
+                 version: int = 1, payload: type[BaseModel] | None = None,
+                 example: dict[str, Any] | None = None) -> None:
         self.app = app
         self.fn = fn
         self.options = options
         self.permanent = permanent
         self.retry_delay = retry_delay
         self.is_async = inspect.iscoroutinefunction(fn)
-        self.signature = inspect.signature(fn)
-        params = list(self.signature.parameters.values())
-        if not params:
-            raise ConfigError(f"task {options.name!r}: a handler takes the job context as its first argument")
-        self._payload_params = {p.name: p for p in params[1:]}
-        self._takes_any = any(p.kind is p.VAR_KEYWORD for p in params[1:])
+        self.codec = PayloadCodec(options.name, fn, version, payload)
+        self.example = example  # the contract sample of the current version (else built from the schema)
 
     @property
     def name(self) -> str:
         return self.options.name
 
+    @property
+    def version(self) -> int:
+        return self.codec.version
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the handler directly (tests)."""
         return self.fn(*args, **kwargs)
 
-    def check_payload(self, payload: dict[str, Any]) -> None:
-        """Refuse a payload that does not fit the handler, naming the field."""
-        if not self._takes_any:
-            unknown = sorted(set(payload) - set(self._payload_params))
-            if unknown:
-                raise PayloadError(
-                    f"task {self.name!r}: unknown field(s) {', '.join(unknown)}; "
-                    f"it takes {', '.join(self._payload_params) or 'no fields'}"
-                )
-        missing = [
-            name for name, p in self._payload_params.items()
-            if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in payload
-        ]
-        if missing:
-            raise PayloadError(f"task {self.name!r}: missing required field(s) {', '.join(missing)}")
+    def upcaster(self, from_version: int) -> Callable[[Upcaster], Upcaster]:
+        """Declare how a payload of ``from_version`` becomes one of ``from_version + 1``::
+
+            @charge.upcaster(1)
+            def v1_to_v2(old: dict) -> dict:
+                return {**old, "currency": "EUR"}
+        """
+
+        def register(fn: Upcaster) -> Upcaster:
+            self.codec.add_upcaster(from_version, fn)
+            return fn
+
+        return register
 
     def with_options(self, **options: Any) -> BoundTask:
         """Enqueue options: queue, delay_s, run_at (datetime), max_attempts, timeout_s, expiry_s, job_id."""
         return BoundTask(self, EnqueueOptions(**options))
 
-    def enqueue(self, **payload: Any) -> str:
-        return self.app.client.enqueue(self, payload, EnqueueOptions())
+    def enqueue(self, model: BaseModel | None = None, /, **fields: Any) -> str:
+        """Queue one job; the payload is keyword fields, or an instance of the task's payload model."""
+        return self.app.client.enqueue(self, _payload(model, fields), EnqueueOptions())
 
-    async def aenqueue(self, **payload: Any) -> str:
-        return await self.app.client.aenqueue(self, payload, EnqueueOptions())
+    async def aenqueue(self, model: BaseModel | None = None, /, **fields: Any) -> str:
+        return await self.app.client.aenqueue(self, _payload(model, fields), EnqueueOptions())
 
 
 @dataclass(frozen=True)
@@ -99,11 +103,17 @@ class BoundTask:
     def with_options(self, **options: Any) -> BoundTask:
         return BoundTask(self.task, replace(self.options, **options))
 
-    def enqueue(self, **payload: Any) -> str:
-        return self.task.app.client.enqueue(self.task, payload, self.options)
+    def enqueue(self, model: BaseModel | None = None, /, **fields: Any) -> str:
+        return self.task.app.client.enqueue(self.task, _payload(model, fields), self.options)
 
-    async def aenqueue(self, **payload: Any) -> str:
-        return await self.task.app.client.aenqueue(self.task, payload, self.options)
+    async def aenqueue(self, model: BaseModel | None = None, /, **fields: Any) -> str:
+        return await self.task.app.client.aenqueue(self.task, _payload(model, fields), self.options)
+
+
+def _payload(model: BaseModel | None, fields: dict[str, Any]) -> Any:
+    if model is not None and fields:
+        raise PayloadError("pass a payload model instance or keyword fields, not both")
+    return model if model is not None else fields
 
 
 @dataclass

@@ -40,8 +40,10 @@ def info(app: App, as_json: bool) -> None:
     if as_json:
         print_json({"namespace": app.namespace, "environment": app.broker.environment(), "queues": rows})
         return
-    cols = ["queue", "pending", "active", "scheduled", "retry", "dead", "processed", "failed", "latency_s", "paused"]
-    print_table(f"ringfence {app.namespace}", rows, cols)
+    cols = ["queue", "pending", "active", "scheduled", "retry", "dead", "processed", "failed", "latency_s", "paused",
+            "versions"]
+    view = [{**r, "versions": " ".join(f"{k}:{v}" for k, v in r["versions"].items())} for r in rows]
+    print_table(f"ringfence {app.namespace}", view, cols)
 
 
 @main.command()

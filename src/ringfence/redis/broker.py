@@ -222,6 +222,15 @@ class Broker:
             "oldest_pending_spec": oldest_spec,
         }
 
+    def spec_sample(self, queue: str, size: int = 1000) -> tuple[list[bytes], bool]:
+        """Specs of jobs in the queue: all of them when there are at most ``size``, else a random sample.
+        Returns (specs, exact)."""
+        jobs = self.keys.queue(queue).jobs
+        if self.sync.hlen(jobs) <= size:
+            return list(self.sync.hvals(jobs)), True
+        flat = self.sync.hrandfield(jobs, size, withvalues=True)
+        return list(flat[1::2]), False
+
     def job_spec(self, queue: str, job_id: str) -> bytes | None:
         raw: bytes | None = self.sync.hget(self.keys.queue(queue).jobs, job_id)
         return raw

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from ringfence.app import App
-from ringfence.errors import FenceBusy, InDoubt, PayloadError, Permanent, RetryLater
+from ringfence.errors import FenceBusy, InDoubt, PayloadError, PayloadTooNew, Permanent, RetryLater
 from ringfence.models import DeadJob, Fetched, JobSpec
 from ringfence.redis.broker import Broker, Waker
 from ringfence.settings import WorkerSettings
@@ -24,8 +24,6 @@ from ringfence.tasks import JobContext, Task
 from ringfence.worker.fencing import Fencing
 
 log = logging.getLogger("ringfence.worker")
-
-UNKNOWN_TASK_DELAY_S = 30.0
 
 
 @dataclass
@@ -147,12 +145,17 @@ class Processor:
         job.spec = spec
         task = self.app.registry.get(spec.task)
         if task is None:
-            log.warning("job %s: task %r is not registered in this worker; requeued in %.0fs",
-                        job.id, spec.task, UNKNOWN_TASK_DELAY_S)
-            return Outcome("requeue", delay_s=UNKNOWN_TASK_DELAY_S, counter="unknown_task")
+            return await self._unreadable(job, spec, f"task {spec.task!r} is not registered in this worker",
+                                          "unknown_task", dead_after_grace=True)
         refused = self._refuse(job, spec, task)
         if refused is not None:
             return refused
+        try:
+            args, kwargs = task.codec.decode(spec.version, spec.args)
+        except PayloadTooNew as exc:
+            return await self._unreadable(job, spec, str(exc), "newer_version", dead_after_grace=False)
+        except PayloadError as exc:
+            return Outcome("dead", "bad_payload", str(exc))
         timeout_s = spec.timeout_ms / 1000 if spec.timeout_ms else task.options.timeout_s
         r.ctx = ctx = JobContext(
             id=job.id, task=task.name, queue=job.queue, attempt=job.attempt,
@@ -160,7 +163,7 @@ class Processor:
             enqueued_ms=spec.enqueued_ms, token=job.token, timeout_s=timeout_s, fencing=self.fencing,
         )
         try:
-            await self._call(r, task, ctx, spec.args, timeout_s)
+            await self._call(task, ctx, args, kwargs, timeout_s)
         except asyncio.CancelledError:
             if r.lost:
                 return Outcome("lost")
@@ -182,18 +185,32 @@ class Processor:
             spec.enqueued_ms + int(task.options.expiry_s * 1000) if task.options.expiry_s is not None else None)
         if expiry_ms is not None and self.broker.clock() > expiry_ms:
             return Outcome("dead", "expired", f"job expired at {expiry_ms} ms before it could run")
-        try:
-            task.check_payload(spec.args)
-        except PayloadError as exc:
-            return Outcome("dead", "bad_payload", str(exc))
         return None
 
-    async def _call(self, r: Running, task: Task, ctx: JobContext, args: dict[str, Any], timeout_s: float) -> None:
+    async def _unreadable(self, job: Fetched, spec: JobSpec, why: str, counter: str,
+                          dead_after_grace: bool) -> Outcome:
+        """A job this worker cannot read yet (rolling deploy): wait without burning an attempt; past the grace
+        period alert once, or give up to dead-letter when no worker will ever read it."""
+        s = self.settings
+        age_s = (self.broker.clock() - spec.enqueued_ms) / 1000
+        if age_s <= s.grace_s:
+            log.warning("job %s: %s; retried in %gs without burning an attempt", job.id, why, s.defer_s)
+            return Outcome("requeue", delay_s=s.defer_s, counter=counter)
+        if dead_after_grace:
+            return Outcome("dead", counter, f"{why}; still unreadable {age_s:.0f}s after enqueue "
+                                            f"(grace_s={s.grace_s:g})")
+        if age_s - s.defer_s <= s.grace_s:  # the first deferral past the grace period: alert once
+            await self.app.alert(counter, f"job {job.id}: {why}; waiting {age_s:.0f}s, past grace_s={s.grace_s:g}",
+                                 {"job_id": job.id, "queue": job.queue, "task": spec.task, "version": spec.version})
+        return Outcome("requeue", delay_s=s.defer_s, counter=counter)
+
+    async def _call(self, task: Task, ctx: JobContext, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    timeout_s: float) -> None:
         if task.is_async:
-            await asyncio.wait_for(task.fn(ctx, **args), timeout_s)
+            await asyncio.wait_for(task.fn(ctx, *args, **kwargs), timeout_s)
             return
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self.pool, functools.partial(task.fn, ctx, **args))
+        future = loop.run_in_executor(self.pool, functools.partial(task.fn, ctx, *args, **kwargs))
         self.threads.add(future)
         future.add_done_callback(self.threads.discard)
         try:

@@ -87,7 +87,8 @@ class Worker:
         names = [q for q, _ in self.queues]
         await self.broker.aregister_queues(names)
         for name, task in sorted(self.app.registry.tasks.items()):
-            log.info("serving task %s (queue %s, timeout %gs, max_attempts %d)", name, task.options.queue,
+            log.info("serving task %s v%d (reads versions %s; queue %s, timeout %gs, max_attempts %d)", name,
+                     task.version, ",".join(map(str, task.codec.understood())), task.options.queue,
                      task.options.timeout_s, task.options.retry.max_attempts)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
