@@ -1,0 +1,62 @@
+"""The doctor: every row of the diagnostic map as a live check against Redis, the fence table and the servers.
+
+Example::
+
+    from ringfence.doctor import Thresholds, diagnose
+
+    report = diagnose(app, Thresholds(sample_s=2))
+    for f in report.problems():
+        print(f.status, f.check, f.symptom, f.hypothesis, f.remedy)
+    raise SystemExit(report.exit_code)   # 0 healthy, 1 warnings, 2 failures
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from ringfence.doctor import fences, queues, workers  # noqa: F401  (checks register on import)
+from ringfence.doctor.context import Context, Snapshot, queue_gauges
+from ringfence.doctor.model import CHECKS, Finding, Report, Status, Thresholds
+
+if TYPE_CHECKING:
+    from ringfence.app import App
+    from ringfence.reconcile import Effect
+
+#: The diagnostic map's order (DESIGN.md section 4): consumers first, money last.
+ORDER = ("backlog_stalled", "queue_unserved", "environment", "error_wave", "retry_storm", "future_load", "orphaned",
+         "shutdown_timeout", "starvation", "in_doubt", "effects", "eviction", "timeouts")
+
+__all__ = ["CHECKS", "Context", "Finding", "Report", "Snapshot", "Status", "Thresholds", "diagnose",
+           "queue_gauges", "run_checks"]
+
+
+def diagnose(app: App, thresholds: Thresholds | None = None, *, step: str | None = None,
+             effects: Iterable[Effect] | None = None) -> Report:
+    """Sample the namespace twice, ``thresholds.sample_s`` apart, and run every check."""
+    t = thresholds or Thresholds()
+    before = Snapshot.take(app.broker)
+    time.sleep(t.sample_s)
+    after = Snapshot.take(app.broker)
+    ctx = Context(app, before, after, t, step=step, effects=effects)
+    return Report(app.namespace, run_checks(ctx))
+
+
+def run_checks(ctx: Context, names: Iterable[str] | None = None, *, with_ok: bool = True) -> list[Finding]:
+    """Run the named checks (default: all). A check that finds nothing reports one ``ok`` finding; a check
+    that raises reports a warning naming the error, and the others still run."""
+    wanted = set(names) if names is not None else None
+    out: list[Finding] = []
+    for c in sorted(CHECKS, key=lambda c: ORDER.index(c.name) if c.name in ORDER else len(ORDER)):
+        if wanted is not None and c.name not in wanted:
+            continue
+        try:
+            found = list(c.run(ctx))
+        except Exception as exc:  # one broken check must not hide the others' findings
+            found = [Finding(c.name, Status.WARNING, symptom=f"the check failed: {type(exc).__name__}: {exc}",
+                             remedy="see the error; the other checks ran")]
+        if not found and with_ok:
+            found = [Finding(c.name, Status.OK, symptom=c.ok)]
+        out.extend(found)
+    return out

@@ -1,0 +1,68 @@
+"""Fence checks: in-doubt rows waiting for a person, and fence rows against the provider's effects."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ringfence.doctor.context import Context
+from ringfence.doctor.model import Finding, Status, check
+
+
+def _store(ctx: Context) -> object | None:
+    # Without a configured fence database, app.fence_store would create ./ringfence.db: never from the doctor.
+    return ctx.app.fence_store if ctx.app.fence_url else None
+
+
+@check("in_doubt", "no fence is in doubt")
+def in_doubt(ctx: Context) -> Iterator[Finding]:
+    store = _store(ctx)
+    if store is None:
+        yield Finding("in_doubt", Status.SKIPPED, symptom="no fence database configured (fence_url)")
+        return
+    from ringfence.reconcile import _age_s
+
+    rows = store.list(state="in_doubt", limit=1000)  # type: ignore[attr-defined]
+    if not rows:
+        return
+    now = store.db_now()  # type: ignore[attr-defined]
+    ages = sorted((_age_s(now, r.updated_at) for r in rows), reverse=True)
+    old = [a for a in ages if a >= ctx.thresholds.in_doubt_older_than_s]
+    if not old:
+        return
+    sample = ", ".join(f"{r.subject}/{r.step}" for r in rows[:5])
+    yield Finding(
+        "in_doubt", Status.FAILURE, subject="fences",
+        symptom=f"{len(old)} fence(s) in doubt, the oldest for {ages[0]:.0f}s: {sample}",
+        hypothesis="a run died after the provider call left and before its answer was recorded; nobody can "
+                   "tell whether the effect happened",
+        remedy="look each one up at the provider by its provider_key, then "
+               "`ringfence fence resolve SUBJECT STEP --happened/--not-happened [--reference REF]`",
+        numbers={"in_doubt": len(old), "oldest_s": round(ages[0], 1)})
+
+
+@check("effects", "fence rows match the provider's effects", cheap=False)
+def effects(ctx: Context) -> Iterator[Finding]:
+    if ctx.effects is None or ctx.step is None or _store(ctx) is None:
+        yield Finding("effects", Status.SKIPPED,
+                      symptom="no effects source given: pass --step and --effects, or run `ringfence reconcile`")
+        return
+    from ringfence.reconcile import reconcile
+
+    r = reconcile(ctx.app, ctx.step, ctx.effects, in_doubt_older_than_s=ctx.thresholds.in_doubt_older_than_s)
+    if r.double_effects or r.unfenced:
+        yield Finding(
+            "effects", Status.FAILURE, subject=ctx.step,
+            symptom=(f"step {ctx.step}: {len(r.double_effects)} subject(s) with more than one effect, "
+                     f"{len(r.unfenced)} effect(s) without a matching fence row "
+                     f"({r.effects} effects, {r.fences} fences)"),
+            hypothesis="a code path calls the provider without the fence, or the provider key is not forwarded",
+            remedy="route every call through ctx.fence(...) and pass step.key as the idempotency key; refund "
+                   "the doubles (`ringfence reconcile --json` lists them)",
+            numbers={"double_effects": r.double_effects[:20], "unfenced": r.unfenced[:20]})
+    if r.without_reference:
+        yield Finding(
+            "effects", Status.WARNING, subject=f"{ctx.step}:reference",
+            symptom=f"step {ctx.step}: {len(r.without_reference)} fence(s) completed without a provider reference",
+            hypothesis="the effect's reference is not returned from step.effect(...) (or reference=... is missing)",
+            remedy="return the provider's id from the effect function so it is recorded on the fence",
+            numbers={"without_reference": r.without_reference[:20]})

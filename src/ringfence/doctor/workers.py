@@ -1,0 +1,159 @@
+"""Worker and configuration checks: environment, error waves after starts, orphans, shutdown timeout,
+timeouts vs leases, and the Redis eviction policy."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ringfence.doctor.context import Context
+from ringfence.doctor.model import Finding, Status, check
+from ringfence.errors import ConfigError
+from ringfence.redis import observe
+
+
+@check("environment", "every live server runs the namespace's environment")
+def environment(ctx: Context) -> Iterator[Finding]:
+    recorded = ctx.after.environment
+    expected = recorded or ctx.app.environment
+    if recorded is not None and recorded != ctx.app.environment:
+        yield Finding(
+            "environment", Status.WARNING, subject="app",
+            symptom=f"namespace {ctx.app.namespace!r} belongs to {recorded!r}; this app says {ctx.app.environment!r}",
+            hypothesis="this command (or the app module) is configured for another environment",
+            remedy="check RINGFENCE_ENV / App(environment=...) and RINGFENCE_REDIS_URL of this shell",
+            numbers={"recorded": recorded, "app": ctx.app.environment})
+    for s in ctx.after.servers:
+        env = s.get("environment")
+        if env == expected:
+            continue
+        yield Finding(
+            "environment", Status.FAILURE, subject=str(s.get("id", "")),
+            symptom=(f"server {s.get('id')} (host {s.get('host')}, pid {s.get('pid')}) heartbeats on namespace "
+                     f"{ctx.app.namespace!r} with environment {env!r}; the namespace belongs to {expected!r}"),
+            hypothesis="a worker of another environment (staging pointed at production) shares this Redis",
+            remedy="stop it and fix its RINGFENCE_REDIS_URL / RINGFENCE_NAMESPACE / RINGFENCE_ENV",
+            numbers={"server_environment": env, "namespace_environment": expected})
+
+
+@check("error_wave", "no burst of unreadable payloads after a worker start")
+def error_wave(ctx: Context) -> Iterator[Finding]:
+    t = ctx.thresholds
+    cutoff_ms = int((time.time() - t.wave_window_s) * 1000)
+    for name in ctx.after.queues:
+        bad = _recent_dead(ctx, name, cutoff_ms, {"bad_payload"})
+        newer = ctx.delta(name, "newer_version") + ctx.delta(name, "unknown_task")
+        if len(bad) < t.wave_warn and newer <= 0:
+            continue
+        first = min(bad, default=None)
+        starts = sorted(s["started"] for s in ctx.after.servers
+                        if s.get("started") and (first is None or s["started"] * 1000 <= first + 1000))
+        after_start = f"; the latest server start was {time.time() - starts[-1]:.0f}s ago" if starts else ""
+        yield Finding(
+            "error_wave", Status.WARNING, subject=name,
+            symptom=(f"queue {name}: {len(bad)} job(s) dead with bad_payload in the last {t.wave_window_s:g}s, "
+                     f"newer_version/unknown_task deferrals {newer:+d} in {ctx.elapsed_s:.1f}s{after_start}"),
+            hypothesis="a deploy changed a payload format without a version (or workers run older code)",
+            remedy="version the payload (version=N + upcaster), run `ringfence contracts check`, then "
+                   "`ringfence dead replay --reason bad_payload` once fixed",
+            numbers={"bad_payload": len(bad), "deferred_delta": newer, "window_s": t.wave_window_s,
+                     "server_started": starts[-1] if starts else None})
+
+
+def _recent_dead(ctx: Context, queue: str, cutoff_ms: int, reasons: set[str]) -> list[int]:
+    """died_ms of dead jobs with one of ``reasons`` since ``cutoff_ms`` (newest first, stops at the cutoff)."""
+    b, out, offset = ctx.broker, [], 0
+    while True:
+        ids = b.dead_ids(queue, offset, 200)
+        if not ids:
+            return out
+        offset += len(ids)
+        for _, record in b.dead_records(queue, ids):
+            died = int(record.get("died_ms", 0))
+            if died < cutoff_ms:
+                return out
+            if record.get("reason") in reasons:
+                out.append(died)
+
+
+@check("orphaned", "no attempt was orphaned recently", cheap=False)
+def orphaned(ctx: Context) -> Iterator[Finding]:
+    cutoff_ms = int((time.time() - ctx.thresholds.orphan_window_s) * 1000)
+    for name in ctx.after.queues:
+        total = ctx.after.stat(name, "orphaned")
+        if not total:
+            continue
+        recent = [e for e in observe.history_sample(ctx.broker, name)
+                  if e.get("orphaned") and int(e.get("at", 0)) >= cutoff_ms]
+        if not recent:
+            continue
+        yield Finding(
+            "orphaned", Status.WARNING, subject=name,
+            symptom=(f"queue {name}: {len(recent)} attempt(s) orphaned in the last "
+                     f"{ctx.thresholds.orphan_window_s:g}s ({total} since the start); their workers died "
+                     "or stopped heartbeating while the jobs ran"),
+            hypothesis="workers killed mid-job (SIGKILL, OOM, a deploy whose grace is shorter than the jobs)",
+            remedy="give the platform's kill grace > shutdown_timeout_s > job durations; fence every external "
+                   "effect so the rerun is empty",
+            numbers={"recent": len(recent), "total": total})
+
+
+@check("shutdown_timeout", "jobs finish within the servers' shutdown_timeout_s")
+def shutdown_timeout(ctx: Context) -> Iterator[Finding]:
+    for name in ctx.after.queues:
+        requeued = ctx.after.stat(name, "requeued_on_shutdown")
+        if requeued:
+            timeouts = sorted({s.get("shutdown_timeout_s") for s in ctx.after.listed_by(name)} - {None})
+            yield Finding(
+                "shutdown_timeout", Status.WARNING, subject=name,
+                symptom=(f"queue {name}: {requeued} job(s) were still running when their worker's shutdown timeout "
+                         f"ended and went back to the queue (servers' shutdown_timeout_s: {timeouts or 'n/a'})"),
+                hypothesis="shutdown_timeout_s is shorter than the jobs, so every deploy interrupts them",
+                remedy="raise shutdown_timeout_s (and the platform's kill grace), make handlers watch ctx.cancelled",
+                numbers={"requeued_on_shutdown": requeued, "shutdown_timeout_s": timeouts})
+    for s in ctx.after.servers:
+        yield from _slow_tasks(s)
+
+
+def _slow_tasks(server: dict[str, Any]) -> Iterator[Finding]:
+    # `duration_p95_s` ({task: seconds}) appears once workers report it in their heartbeat.
+    limit = server.get("shutdown_timeout_s")
+    p95 = server.get("duration_p95_s") or {}
+    slow = {task: d for task, d in p95.items() if limit is not None and d > limit}
+    if slow:
+        yield Finding(
+            "shutdown_timeout", Status.WARNING, subject=str(server.get("id", "")),
+            symptom=f"server {server.get('id')}: shutdown_timeout_s={limit} but p95 durations {slow}",
+            hypothesis="a deploy will interrupt these tasks mid-run",
+            remedy="raise shutdown_timeout_s above the p95 durations, or split the tasks",
+            numbers={"shutdown_timeout_s": limit, "slow_p95_s": slow})
+
+
+@check("timeouts", "every task's timeout is below max_lease_s and the settings hold")
+def timeouts(ctx: Context) -> Iterator[Finding]:
+    try:
+        ctx.app.check()
+    except ConfigError as exc:
+        problems = exc.problems
+        yield Finding(
+            "timeouts", Status.FAILURE, subject="app",
+            symptom=f"{len(problems)} configuration problem(s): " + "; ".join(map(str, problems)),
+            hypothesis="a job can outlive its lease (or expire while waiting to retry): it would run twice",
+            remedy="apply the fix named in each problem", numbers={"problems": list(map(str, problems))})
+
+
+@check("eviction", "Redis never evicts keys without a TTL")
+def eviction(ctx: Context) -> Iterator[Finding]:
+    policy = observe.config_value(ctx.broker, "maxmemory-policy")
+    if policy is None:
+        yield Finding("eviction", Status.SKIPPED, symptom="CONFIG GET is disabled on this Redis",
+                      remedy="check the maxmemory-policy in your provider's console: it must not be allkeys-*")
+    elif policy.startswith("allkeys-"):
+        maxmemory = observe.config_value(ctx.broker, "maxmemory")
+        yield Finding(
+            "eviction", Status.FAILURE, subject="redis",
+            symptom=f"maxmemory-policy is {policy} (maxmemory {maxmemory}): Redis may evict job keys under pressure",
+            hypothesis="a Redis shared with a cache; jobs and leases vanish silently when memory runs out",
+            remedy="use a Redis with noeviction (or volatile-*: job keys carry no TTL), or a separate instance",
+            numbers={"policy": policy, "maxmemory": maxmemory})

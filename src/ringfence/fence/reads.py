@@ -1,0 +1,36 @@
+"""Bulk reads for reconciliation: every fence row of a step, and a provider's records kept in a SQL table."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from sqlalchemy import MetaData, Table, select
+
+from .model import FenceRow
+from .store import FenceStore, _row
+
+
+def step_rows(store: FenceStore, step: str, batch: int = 1000) -> Iterator[FenceRow]:
+    """Every fence row of ``step``, in id order, read in batches."""
+    t = store.table
+    last = 0
+    while True:
+        q = store._select().where(t.c.step == step, t.c.id > last).order_by(t.c.id).limit(batch)
+        with store.engine.connect() as conn:
+            rows = list(conn.execute(q).mappings())
+        if not rows:
+            return
+        last = int(rows[-1]["id"])
+        yield from (_row(m) for m in rows)
+
+
+def table_records(store: FenceStore, table: str, columns: list[str | None]) -> Iterator[tuple[object, ...]]:
+    """Rows of an application table in the fence database, as tuples of ``columns`` (None → None)."""
+    t = Table(table, MetaData(), autoload_with=store.engine)
+    wanted = [c for c in columns if c is not None]
+    missing = [c for c in wanted if c not in t.c]
+    if missing:
+        raise KeyError(f"table {table!r} has no column(s) {', '.join(missing)}; it has {', '.join(t.c.keys())}")
+    with store.engine.connect() as conn:
+        for m in conn.execute(select(*(t.c[c] for c in wanted))).mappings():
+            yield tuple(None if c is None else m[c] for c in columns)

@@ -1,0 +1,128 @@
+"""Redis reads for the doctor and metrics, and the shared state of alerts (incidents, the evaluator lease).
+
+Kept apart from ``broker.py`` (the job transitions) so observability never touches a job's keys: every
+function here reads job keys only, and writes only the two alert keys below.
+
+Keys (under the namespace ``<ns>``):
+
+| key | type | holds |
+|---|---|---|
+| ``<ns>:alerts`` | hash | incident key → JSON ``{"since": ms, "message": ...}`` while the alert fires |
+| ``<ns>:alerts:leader`` | string (PX) | id of the process that evaluates alert rules; expires unless renewed |
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import redis
+
+from ringfence.redis.broker import Broker
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# -- reads -----------------------------------------------------------------------------------------
+def config_value(broker: Broker, name: str) -> str | None:
+    """A ``CONFIG GET`` value; None where CONFIG is disabled (many managed Redis services)."""
+    try:
+        found = broker.sync.config_get(name)
+    except redis.ResponseError:
+        return None
+    for key, value in found.items():
+        if _text(key) == name:
+            return _text(value)
+    return None
+
+
+def waiting_jobs(broker: Broker, queue: str, limit: int = 1000) -> tuple[list[tuple[bytes, int]], int]:
+    """Jobs waiting to run (pending, retry, scheduled): up to ``limit`` of (spec, attempts started), and the
+    total number waiting, so a caller can scale a sample up."""
+    k = broker.keys.queue(queue)
+    p = broker.sync.pipeline(transaction=False)
+    p.lrange(k.pending, -limit, -1)
+    p.zrange(k.retry, 0, limit - 1)
+    p.zrange(k.scheduled, 0, limit - 1)
+    p.llen(k.pending)
+    p.zcard(k.retry)
+    p.zcard(k.scheduled)
+    pending, retry, scheduled, n_pending, n_retry, n_scheduled = p.execute()
+    ids = (list(pending) + list(retry) + list(scheduled))[:limit]
+    if not ids:
+        return [], 0
+    p = broker.sync.pipeline(transaction=False)
+    p.hmget(k.jobs, ids)
+    p.hmget(k.attempts, ids)
+    specs, attempts = p.execute()
+    out = [(s, int(a or 0)) for s, a in zip(specs, attempts, strict=True) if s]
+    return out, int(n_pending + n_retry + n_scheduled)
+
+
+def history_sample(broker: Broker, queue: str, count: int = 1000) -> list[dict[str, Any]]:
+    """History entries (failed and orphaned attempts) of up to ~``count`` jobs still in Redis."""
+    k = broker.keys.queue(queue)
+    _, data = broker.sync.hscan(k.history, 0, count=count)
+    entries: list[dict[str, Any]] = []
+    for raw in data.values():
+        entries.extend(orjson.loads(raw))
+    return entries
+
+
+# -- alert state -----------------------------------------------------------------------------------
+def _alerts_key(broker: Broker) -> str:
+    return f"{broker.keys.ns}:alerts"
+
+
+def acquire_lease(broker: Broker, owner: str, ttl_s: float) -> bool:
+    """Take or renew the alert evaluator lease; True while ``owner`` holds it."""
+    key = f"{broker.keys.ns}:alerts:leader"
+    with broker.sync.pipeline() as p:
+        try:
+            p.watch(key)
+            holder = _text(p.get(key))
+            if holder not in (None, owner):
+                return False
+            p.multi()
+            p.set(key, owner, px=int(ttl_s * 1000))
+            p.execute()
+        except redis.WatchError:
+            return False  # another evaluator took it between our read and write
+    return True
+
+
+def release_lease(broker: Broker, owner: str) -> None:
+    key = f"{broker.keys.ns}:alerts:leader"
+    with broker.sync.pipeline() as p:
+        try:
+            p.watch(key)
+            if _text(p.get(key)) == owner:
+                p.multi()
+                p.delete(key)
+                p.execute()
+        except redis.WatchError:
+            pass
+
+
+def open_incident(broker: Broker, key: str, record: dict[str, Any]) -> bool:
+    """Record an incident; True only for the caller that opened it (so it is announced once)."""
+    return bool(broker.sync.hsetnx(_alerts_key(broker), key, orjson.dumps(record)))
+
+
+def close_incident(broker: Broker, key: str) -> dict[str, Any] | None:
+    """Remove an incident; returns its record only to the caller that removed it."""
+    p = broker.sync.pipeline(transaction=True)
+    p.hget(_alerts_key(broker), key)
+    p.hdel(_alerts_key(broker), key)
+    raw, removed = p.execute()
+    return orjson.loads(raw) if removed and raw else None
+
+
+def incidents(broker: Broker) -> dict[str, dict[str, Any]]:
+    """Every open incident: key → record."""
+    raw = broker.sync.hgetall(_alerts_key(broker))
+    return {_text(k) or "": orjson.loads(v) for k, v in raw.items()}
