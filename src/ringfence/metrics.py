@@ -1,0 +1,207 @@
+"""Prometheus metrics: what a worker counts as it runs jobs, and queue gauges read from Redis at scrape time.
+
+The worker owns one :class:`Metrics` and calls its methods; ``serve(port)`` exposes ``/metrics`` from a
+daemon thread (``ringfence worker --metrics-port``). ``ringfence exporter`` serves the queue gauges alone, so
+one exporter per namespace gives the backlog while each worker gives its own counters.
+
+Example::
+
+    metrics = Metrics()
+    metrics.add_queue_gauges(app.broker)       # only in the exporter, or in one worker
+    server = metrics.serve(9108)
+    metrics.job_started("billing.charge", "critical", latency_s=0.8)
+    metrics.job_finished("billing.charge", "critical", "ack", duration_s=1.2)
+    metrics.fence_outcome("charge", "captured")
+    server.shutdown()
+
+Metric names (all prefixed ``ringfence_``): see docs/observability.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ringfence.doctor.context import queue_gauges
+from ringfence.redis.broker import Broker
+
+OUTCOMES = ("ack", "retry", "dead", "requeue")
+FENCE_OUTCOMES = ("captured", "skipped_done", "resumed", "in_doubt", "conflict", "fenced_out")
+#: Gauge value of each breaker state: 0 closed, 1 half-open, 2 open.
+BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 86400)
+_QUEUE_GAUGES = {"pending": "jobs ready to run", "active": "jobs leased to a running attempt",
+                 "scheduled": "delayed or deferred jobs", "retry": "jobs waiting to retry",
+                 "dead": "jobs in dead-letter"}
+_QUEUE_COUNTERS = ("enqueued", "processed", "failed", "dead", "orphaned", "replayed", "deferred",
+                   "requeued_on_shutdown")
+
+BreakerSource = Callable[[], Mapping[str, str]]
+
+
+class Metrics:
+    """A worker's metrics in their own registry (never the global one: tests and several apps coexist).
+
+    Thread-safe; every method is cheap (no I/O) and may be called from the event loop.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.started = Counter("ringfence_jobs_started", "Attempts started", ["task", "queue"], registry=r)
+        self.finished = Counter("ringfence_jobs_finished", "Attempts finished, by outcome (ack, retry, dead, "
+                                "requeue)", ["task", "queue", "outcome"], registry=r)
+        self.failed = Counter("ringfence_jobs_failed", "Attempts that failed (outcome retry or dead)",
+                              ["task", "queue"], registry=r)
+        self.duration = Histogram("ringfence_job_duration_seconds", "Run time of an attempt, fetch to outcome",
+                                  ["task", "queue"], buckets=DURATION_BUCKETS, registry=r)
+        self.latency = Histogram("ringfence_job_start_latency_seconds", "Enqueue (or due time) to start",
+                                 ["task", "queue"], buckets=LATENCY_BUCKETS, registry=r)
+        self.fences = Counter("ringfence_fence_outcomes", "Fence outcomes at step entry and write",
+                              ["step", "outcome"], registry=r)
+        self._breakers = _BreakerCollector()
+        r.register(self._breakers)
+        self._lock = threading.Lock()
+        self._recent: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=200))
+
+    # -- called by the worker --------------------------------------------------------------------
+    def job_started(self, task: str, queue: str, latency_s: float) -> None:
+        """An attempt started. ``latency_s``: now minus the job's enqueue time (or its due time for a
+        scheduled or retried job); negative values (clock skew) count as 0."""
+        self.started.labels(task, queue).inc()
+        self.latency.labels(task, queue).observe(max(0.0, latency_s))
+
+    def job_finished(self, task: str, queue: str, outcome: str, duration_s: float) -> None:
+        """An attempt's outcome was recorded. ``outcome`` ∈ ack, retry, dead, requeue (a lost lease records
+        nothing: do not call). ``duration_s``: handler start to outcome."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
+        self.finished.labels(task, queue, outcome).inc()
+        if outcome in ("retry", "dead"):
+            self.failed.labels(task, queue).inc()
+        self.duration.labels(task, queue).observe(max(0.0, duration_s))
+        with self._lock:
+            self._recent[task].append(duration_s)
+
+    def fence_outcome(self, step: str, outcome: str) -> None:
+        """A fence event: captured (a new row), skipped_done (the second run is empty), resumed (took over
+        a dead run's fence), in_doubt (parked), conflict (busy or different params), fenced_out (a superseded
+        attempt tried to write after losing its lease)."""
+        if outcome not in FENCE_OUTCOMES:
+            raise ValueError(f"fence outcome {outcome!r} is not one of {', '.join(FENCE_OUTCOMES)}")
+        self.fences.labels(step, outcome).inc()
+
+    def breaker_state(self, dependency: str, state: str) -> None:
+        """Record a breaker's state (closed, half_open, open) when it changes."""
+        self._breakers.set(dependency, state)
+
+    def breaker_source(self, source: BreakerSource) -> None:
+        """Read breaker states at scrape time: ``source()`` returns {dependency: state}; it must be cheap and
+        thread-safe (it runs in the HTTP thread). Its states override those set by ``breaker_state``."""
+        self._breakers.sources.append(source)
+
+    def duration_p95(self) -> dict[str, float]:
+        """p95 run time per task over its last 200 attempts: for the heartbeat's server info
+        (``duration_p95_s``), which the doctor compares with ``shutdown_timeout_s``."""
+        with self._lock:
+            recent = {task: sorted(d) for task, d in self._recent.items() if d}
+        return {task: round(d[min(len(d) - 1, int(len(d) * 0.95))], 3) for task, d in recent.items()}
+
+    # -- exposition -------------------------------------------------------------------------------
+    def add_queue_gauges(self, broker: Broker) -> None:
+        """Also expose the namespace's queue gauges, read from Redis at each scrape."""
+        self.registry.register(QueueCollector(broker))
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> Any:
+        """Serve ``/metrics`` on ``addr:port`` from a daemon thread; returns the server (``.shutdown()``)."""
+        server, _thread = start_http_server(port, addr, registry=self.registry)
+        return server
+
+
+class _BreakerCollector(Collector):
+    def __init__(self) -> None:
+        self.states: dict[str, str] = {}
+        self.sources: list[BreakerSource] = []
+
+    def set(self, dependency: str, state: str) -> None:
+        if state not in BREAKER_STATES:
+            raise ValueError(f"breaker state {state!r} is not one of {', '.join(BREAKER_STATES)}")
+        self.states[dependency] = state
+
+    def collect(self) -> Iterator[Metric]:
+        states = dict(self.states)
+        for source in self.sources:
+            states.update(source())
+        g = GaugeMetricFamily("ringfence_breaker_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open",
+                              labels=["dependency"])
+        for dep, state in sorted(states.items()):
+            g.add_metric([dep], BREAKER_STATES.get(state, -1))
+        yield g
+
+
+class QueueCollector(Collector):
+    """Queue gauges and the namespace's counters, read from Redis at scrape time (two round trips a queue)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def describe(self) -> list[Metric]:
+        return []  # no Redis read at registration
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            queues = [queue_gauges(self.broker, q) for q in self.broker.queues()]
+            servers = self.broker.servers()
+        except Exception:
+            # A scrape must answer even when Redis does not: up=0 is the signal.
+            yield GaugeMetricFamily("ringfence_redis_up", "1 when the exporter could read Redis", value=0)
+            return
+        yield GaugeMetricFamily("ringfence_redis_up", "1 when the exporter could read Redis", value=1)
+        yield from self._gauges(queues)
+        yield from self._counters(queues)
+        g = GaugeMetricFamily("ringfence_servers", "Live worker processes", labels=["environment"])
+        by_env: dict[str, int] = defaultdict(int)
+        for s in servers:
+            by_env[str(s.get("environment", ""))] += 1
+        for env, n in sorted(by_env.items()):
+            g.add_metric([env], n)
+        yield g
+
+    @staticmethod
+    def _gauges(queues: list[dict[str, Any]]) -> Iterator[Metric]:
+        for field, doc in _QUEUE_GAUGES.items():
+            g = GaugeMetricFamily(f"ringfence_queue_{field}", f"Queue size: {doc}", labels=["queue"])
+            for q in queues:
+                g.add_metric([q["queue"]], q[field])
+            yield g
+        lat = GaugeMetricFamily("ringfence_queue_latency_seconds", "Age of the oldest pending job", labels=["queue"])
+        paused = GaugeMetricFamily("ringfence_queue_paused", "1 while the queue is paused", labels=["queue"])
+        for q in queues:
+            lat.add_metric([q["queue"]], q["latency_s"])
+            paused.add_metric([q["queue"]], int(q["paused"]))
+        yield lat
+        yield paused
+
+    @staticmethod
+    def _counters(queues: list[dict[str, Any]]) -> Iterator[Metric]:
+        for name in _QUEUE_COUNTERS:
+            c = CounterMetricFamily(f"ringfence_queue_jobs_{name}", f"Namespace counter '{name}' of the queue (Redis)",
+                                    labels=["queue"])
+            for q in queues:
+                c.add_metric([q["queue"]], q["stats"].get(name, 0))
+            yield c
+
+
+def serve_exporter(broker: Broker, port: int, addr: str = "0.0.0.0") -> Any:
+    """The standalone exporter: queue gauges only. Returns the server (``.shutdown()`` to stop)."""
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(broker))
+    server, _thread = start_http_server(port, addr, registry=registry)
+    return server
