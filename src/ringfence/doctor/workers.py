@@ -10,6 +10,7 @@ from typing import Any
 from ringfence.doctor.context import Context
 from ringfence.doctor.model import Finding, Status, check
 from ringfence.errors import ConfigError
+from ringfence.models import JobSpec
 from ringfence.redis import observe
 
 
@@ -130,7 +131,7 @@ def _slow_tasks(server: dict[str, Any]) -> Iterator[Finding]:
             numbers={"shutdown_timeout_s": limit, "slow_p95_s": slow})
 
 
-@check("timeouts", "every task's timeout is below max_lease_s and the settings hold")
+@check("timeouts", "every task's and waiting job's timeout is below max_lease_s", cheap=False)
 def timeouts(ctx: Context) -> Iterator[Finding]:
     try:
         ctx.app.check()
@@ -141,6 +142,21 @@ def timeouts(ctx: Context) -> Iterator[Finding]:
             symptom=f"{len(problems)} configuration problem(s): " + "; ".join(map(str, problems)),
             hypothesis="a job can outlive its lease (or expire while waiting to retry): it would run twice",
             remedy="apply the fix named in each problem", numbers={"problems": list(map(str, problems))})
+    max_lease_ms = int(ctx.app.worker_settings.max_lease_s * 1000)
+    for name in ctx.after.queues:
+        sample, _ = observe.waiting_jobs(ctx.broker, name)
+        # A producer with other settings may enqueue a per-job timeout these workers cannot honour.
+        over = [t for t in (JobSpec.decode(raw).timeout_ms for raw, _ in sample) if t and t >= max_lease_ms]
+        if over:
+            yield Finding(
+                "timeouts", Status.FAILURE, subject=name,
+                symptom=(f"queue {name}: {len(over)} waiting job(s) carry timeout_s up to {max(over) / 1000:g} "
+                         f">= the workers' max_lease_s={max_lease_ms / 1000:g}"),
+                hypothesis="a producer with other settings enqueued per-job timeouts the lease cannot cover: the "
+                           "lease ends while the job still runs and it runs twice",
+                remedy="align the producer's and workers' max_lease_s, or enqueue with a shorter timeout_s",
+                numbers={"jobs": len(over), "max_timeout_s": max(over) / 1000,
+                         "max_lease_s": max_lease_ms / 1000})
 
 
 @check("eviction", "Redis never evicts keys without a TTL")
