@@ -89,8 +89,8 @@ def _print_table(figures: dict[str, Any]) -> None:
     from rich.table import Table
 
     s = figures["settings"]
-    table = Table(caption=f"{s['orders']} orders, {s['workers']} workers; each charge SIGKILLs its worker "
-                          f"after the provider's 200 with p={s['kill_probability']}")
+    table = Table(title=f"{s['orders']} orders, {s['workers']} workers",
+                  caption=f"SIGKILL after the provider's 200: p={s['kill_probability']}")
     table.add_column("")
     table.add_column("naive", justify="right")
     table.add_column("fenced", justify="right")
@@ -99,7 +99,8 @@ def _print_table(figures: dict[str, Any]) -> None:
     console = Console()
     console.print(table)
     naive, fenced = figures["naive"], figures["fenced"]
-    console.print(f"naive: {naive['double_charged_orders']} order(s) charged twice. "
-                  f"fenced: {fenced['charges']} charges for {fenced['orders']} orders, "
-                  f"{fenced['double_charged_orders']} charged twice — the second run is empty. "
-                  f"({s['seconds']} s)")
+    console.print(f"naive:  {naive['double_charged_orders']} order(s) charged twice "
+                  f"({naive['charges']} charges for {naive['orders']} orders)")
+    console.print(f"fenced: {fenced['charges']} charges for {fenced['orders']} orders, "
+                  f"{fenced['double_charged_orders']} charged twice: the second run is empty")
+    console.print(f"({s['seconds']} s)")
