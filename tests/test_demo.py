@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -15,11 +15,16 @@ pytestmark = pytest.mark.slow
 
 
 def test_demo_naive_charges_twice_fenced_charges_once() -> None:
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "ringfence-demo-*")))
-    out = subprocess.run(
-        [sys.executable, "-m", "ringfence.cli", "demo", "--orders", "40", "--workers", "2", "--json"],
-        capture_output=True, timeout=110, check=True,
-    )
+    # A short private TMPDIR: the demo's temp dir must be gone afterwards (and a unix socket path stays short).
+    tmp = tempfile.mkdtemp(prefix="rfd")
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "ringfence.cli", "demo", "--orders", "40", "--workers", "2", "--json"],
+            capture_output=True, timeout=110, check=True, env={**os.environ, "TMPDIR": tmp},
+        )
+        assert os.listdir(tmp) == []  # torn down: redis dir, SQLite files, logs
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     figures = json.loads(out.stdout)  # stdout is pure JSON: the progress bar went to stderr
     naive, fenced = figures["naive"], figures["fenced"]
     keys = {"orders", "charges", "double_charged_orders", "fence_rows", "in_doubt", "dead"}
@@ -32,5 +37,3 @@ def test_demo_naive_charges_twice_fenced_charges_once() -> None:
     assert fenced["orders"] == 40
     assert fenced["charges"] == 40 and fenced["double_charged_orders"] == 0, figures
     assert fenced["fence_rows"] == 40 and fenced["in_doubt"] == 0 and fenced["dead"] == 0, figures
-    # Torn down: no temp dir left behind.
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "ringfence-demo-*"))) <= before
