@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import create_engine, func, insert, select, text
 
-from conftest import service_missing, wait_until
 from ringfence.cli import main as cli
+from support import service_missing, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -148,9 +148,9 @@ def test_same_key_different_params_is_a_conflict(fapp, spawn_worker, fence_url) 
     fapp.charge_dedup.enqueue(order_id=3, amount=100)
     spawn_fence_worker(spawn_worker, fence_url)
     wait_until(lambda: fapp.app.broker.queue_counts("default")["stats"].get("processed") == 1, timeout=30)
-    fapp.charge_dedup.enqueue(order_id=3, amount=999)
+    conflicting = fapp.charge_dedup.enqueue(order_id=3, amount=999)
     wait_until(lambda: fapp.app.broker.queue_counts("default")["dead"] == 1, timeout=30)
-    [d] = fapp.app.failed_jobs.unreplayed()
+    [d] = fapp.app.failed_jobs.unreplayed([conflicting])
     assert d["reason"] == "permanent" and "FenceConflict" in d["error"]
     n, _, row = state(fapp, 3)
     assert n == 1 and row.params_hash and str(row.state) == "completed"

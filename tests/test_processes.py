@@ -13,8 +13,8 @@ import orjson
 import pytest
 import redis
 
-from conftest import ROOT, wait_until
 from ringfence import App
+from support import ROOT, wait_until
 
 pytestmark = pytest.mark.slow
 

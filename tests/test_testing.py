@@ -7,9 +7,9 @@ import uuid
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, func, insert, select, text
 
-from conftest import service_missing
 from ringfence import InDoubt
 from ringfence.testing import assert_second_run_empty, run_job
+from support import service_missing
 
 DATABASES = {"sqlite": None, "postgresql": "postgresql+psycopg://root@127.0.0.1:5432/test"}
 

@@ -61,3 +61,10 @@ async def interval(ctx, seconds: float) -> None:
 @app.task
 async def refuses(ctx) -> None:
     raise Permanent("card declined")
+
+
+@app.task(concurrency=2)
+async def limited(ctx, seconds: float) -> None:
+    log("started", ctx.id, ctx.attempt, time.time())
+    await asyncio.sleep(seconds)
+    log("finished", ctx.id, ctx.attempt, time.time())

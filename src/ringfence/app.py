@@ -11,7 +11,15 @@ from ringfence.client import Client
 from ringfence.errors import ConfigError
 from ringfence.models import DeadJob
 from ringfence.redis.broker import Broker
-from ringfence.settings import RetryPolicy, TaskOptions, WorkerSettings, check, check_name, env_default
+from ringfence.settings import (
+    BreakerPolicy,
+    RetryPolicy,
+    TaskOptions,
+    WorkerSettings,
+    check,
+    check_name,
+    env_default,
+)
 from ringfence.tasks import EnqueueOptions, Registry, RetryDelay, Task
 
 log = logging.getLogger("ringfence")
@@ -46,6 +54,7 @@ class App:
         timeout_s: float = 300.0,
         expiry_s: float | None = 86400.0,
         fence_url: str | None = None,
+        retry_profiles: dict[str, RetryPolicy] | None = None,
     ) -> None:
         self._redis_url = redis_url or env_default("RINGFENCE_REDIS_URL")
         self.namespace = check_name("namespace", namespace or env_default("RINGFENCE_NAMESPACE", "ringfence") or "")
@@ -57,6 +66,12 @@ class App:
         self.default_expiry_s = expiry_s
         self.fence_url = fence_url or env_default("RINGFENCE_FENCE_URL")
         self.registry = Registry()
+        self.retry_profiles: dict[str, RetryPolicy] = {}
+        self.breakers: dict[str, BreakerPolicy] = {}
+        self.queue_limits: dict[str, int] = {}
+        self.periodics: list[Any] = []
+        for name, policy in (retry_profiles or {}).items():
+            self.retry_profile(name, policy)
         self.client = Client(self)
         self.dead_hooks: list[DeadHook] = []
         self.alert_hooks: list[AlertHook] = []
@@ -140,13 +155,26 @@ class App:
         max_attempts: int | None = None,
         timeout_s: float | None = None,
         expiry_s: float | None = _DEFAULT,
-        retry: RetryPolicy | None = None,
+        retry: RetryPolicy | str | None = None,
         retry_delay: RetryDelay | None = None,
         permanent: Iterable[type[BaseException]] = (),
         version: int = 1,
         payload: Any = None,
         example: dict[str, Any] | None = None,
+        dependency: str | None = None,
+        concurrency: int | None = None,
+        unique_for: float | None = None,
+        unique_key: Any = None,
     ) -> Task:
+        if isinstance(retry, str):
+            if retry not in self.retry_profiles:
+                raise ConfigError(f"retry profile {retry!r} is not declared; known: {sorted(self.retry_profiles)}")
+            retry = self.retry_profiles[retry]
+        if dependency is not None:
+            check_name("dependency", dependency)
+            self.breakers.setdefault(dependency, BreakerPolicy())
+        if concurrency is not None and concurrency < 1:
+            raise ConfigError(f"concurrency={concurrency} must be >= 1 (jobs of this task at once, all workers)")
         policy = retry or self.default_retry
         if max_attempts is not None:
             policy = RetryPolicy(max_attempts, policy.base_s, policy.cap_s, policy.jitter)
@@ -159,9 +187,47 @@ class App:
         )
         check(options.problems(self.worker_settings))
         task = Task(self, fn, options, tuple(permanent), retry_delay, version=version, payload=payload,
-                    example=example)
+                    example=example, dependency=dependency, concurrency=concurrency, unique_for=unique_for,
+                    unique_key=unique_key)
         self.registry.add(task)
         return task
+
+    def retry_profile(self, name: str, policy: RetryPolicy) -> RetryPolicy:
+        """Declare a named retry policy tasks can use with ``retry="name"``."""
+        check(policy.problems(f"retry profile {name!r}"))
+        self.retry_profiles[check_name("retry profile", name)] = policy
+        return policy
+
+    def breaker(self, dependency: str, policy: BreakerPolicy | None = None, **options: Any) -> BreakerPolicy:
+        """Configure the circuit breaker of a dependency (tasks join it with ``dependency="name"``)."""
+        policy = policy or BreakerPolicy(**options)
+        check(policy.problems(dependency))
+        self.breakers[check_name("dependency", dependency)] = policy
+        return policy
+
+    def limit_queue(self, queue: str, concurrency: int) -> None:
+        """At most ``concurrency`` jobs of ``queue`` run at once across all workers."""
+        if concurrency < 1:
+            raise ConfigError(f"limit_queue({queue!r}, {concurrency}): the limit must be >= 1")
+        self.queue_limits[check_name("queue", queue)] = concurrency
+
+    def periodic(self, cron: str, *, name: str | None = None, queue: str = "default",
+                 catch_up: str = "last", payload: dict[str, Any] | None = None,
+                 **task_options: Any) -> Callable[[Callable[..., Any]], Task]:
+        """Register a handler and run it on a cron schedule (``ringfence scheduler`` or ``worker --scheduler``).
+
+        ``catch_up`` after downtime: "none" (skip missed ticks), "last" (run the latest missed tick once) or
+        "all" (run every missed tick, at most 1,000). Each tick is enqueued once however many schedulers run.
+        """
+        from ringfence.scheduler import Periodic
+
+        def register(fn: Callable[..., Any]) -> Task:
+            Periodic.validate(name or fn.__qualname__, cron, catch_up)
+            task = self._register(fn, name=name, queue=queue, **task_options)
+            self.periodics.append(Periodic.create(task, cron, catch_up, payload or {}))
+            return task
+
+        return register
 
     def on_dead(self, hook: DeadHook) -> DeadHook:
         """Call ``hook(dead_job)`` in the worker after a job reaches dead-letter (usable as a decorator)."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ringfence.errors import ConfigError
+import orjson
+
+from ringfence.errors import ConfigError, DuplicateJob
 from ringfence.models import JobSpec, new_job_id
 from ringfence.settings import MAX_ATTEMPTS_LIMIT, check_name
 from ringfence.tasks import EnqueueOptions, Task
@@ -15,7 +18,7 @@ from ringfence.tasks import EnqueueOptions, Task
 if TYPE_CHECKING:
     from ringfence.app import App
 
-Prepared = tuple[str, str, bytes, int]  # queue, id, spec, run-at ms (0 = now)
+Prepared = tuple[str, str, bytes, int, str, int]  # queue, id, spec, run-at ms (0 = now), unique key, hold end ms
 
 
 class Client:
@@ -55,13 +58,47 @@ class Client:
         )
         job_id = opts.job_id or new_job_id()
         check_name("job id", job_id)
-        return queue, job_id, spec.encode(), at
+        ukey, until = self._unique(task, args, opts, max(now, at))
+        return queue, job_id, spec.encode(), at, ukey, until
 
-    def _calls(self, prepared: Iterable[Prepared]) -> list[Any]:
-        by_queue: dict[str, list[tuple[str, bytes, int]]] = defaultdict(list)
-        for queue, job_id, spec, at in prepared:
-            by_queue[queue].append((job_id, spec, at))
-        return [self.app.broker.enqueue(q, jobs) for q, jobs in by_queue.items()]
+    @staticmethod
+    def _unique(task: Task, args: dict[str, Any], opts: EnqueueOptions, start_ms: int) -> tuple[str, int]:
+        hold_s = opts.unique_for if opts.unique_for is not None else task.unique_for
+        if hold_s is None:
+            return "", 0
+        if hold_s <= 0:
+            raise ConfigError(f"task {task.name!r}: unique_for={hold_s} must be > 0 seconds")
+        how = opts.unique_key if opts.unique_key is not None else task.unique_key
+        if how is None:
+            key = f"{task.name}:" + hashlib.sha1(orjson.dumps(args, option=orjson.OPT_SORT_KEYS)).hexdigest()
+        elif callable(how):
+            key = str(how(args))
+        else:
+            try:
+                key = how.format(**args)
+            except KeyError as exc:
+                raise ConfigError(f"task {task.name!r}: unique_key {how!r} names field {exc} "
+                                  "that the payload does not have") from exc
+        return key, start_ms + int(hold_s * 1000)
+
+    def _calls(self, prepared: list[Prepared]) -> list[tuple[list[int], Any]]:
+        """One script call per queue, with the positions of its jobs in ``prepared``."""
+        by_queue: dict[str, list[int]] = defaultdict(list)
+        for i, p in enumerate(prepared):
+            by_queue[p[0]].append(i)
+        return [(idx, self.app.broker.enqueue(q, [prepared[i][1:] for i in idx])) for q, idx in by_queue.items()]
+
+    @staticmethod
+    def _ids(prepared: list[Prepared], results: list[tuple[list[int], list[bool | str]]],
+             opts: EnqueueOptions) -> list[str]:
+        ids = [p[1] for p in prepared]
+        for idx, outcome in results:
+            for i, got in zip(idx, outcome, strict=True):
+                if isinstance(got, str):  # a unique key held by a queued or running job
+                    if opts.raise_on_duplicate:
+                        raise DuplicateJob(f"unique key {prepared[i][4]!r} is held by job {got}", got)
+                    ids[i] = got
+        return ids
 
     def _new_queues(self, prepared: list[Prepared]) -> list[str]:
         new = {p[0] for p in prepared} - self._known_queues
@@ -75,9 +112,7 @@ class Client:
         prepared = [self.prepare(task, p, opts) for p in payloads]
         broker = self.app.broker
         broker.register_queues(self._new_queues(prepared))
-        for call in self._calls(prepared):
-            broker.run(call)
-        return [p[1] for p in prepared]
+        return self._ids(prepared, [(idx, broker.run(call)) for idx, call in self._calls(prepared)], opts)
 
     async def aenqueue(self, task: Task, payload: Any, opts: EnqueueOptions) -> str:
         return (await self.aenqueue_many(task, [payload], opts))[0]
@@ -87,7 +122,5 @@ class Client:
         prepared = [self.prepare(task, p, opts) for p in payloads]
         broker = self.app.broker
         await broker.aregister_queues(self._new_queues(prepared))
-        for call in self._calls(prepared):
-            await broker.arun(call)
-        return [p[1] for p in prepared]
+        return self._ids(prepared, [(idx, await broker.arun(call)) for idx, call in self._calls(prepared)], opts)
 

@@ -7,6 +7,7 @@
     ├── EnvironmentMismatch    the namespace belongs to another environment (staging vs production)
     ├── PayloadError           a payload cannot be encoded or decoded (names the task and field)
     │   └── PayloadTooNew      written by a newer release than this worker: delayed, not failed
+    ├── DuplicateJob           a unique enqueue found the key held by a queued or running job
     ├── BrokerError
     │   └── LeaseLost          this attempt no longer owns the job (its lease expired or was recovered)
     ├── JobError               raised by handlers to steer retries
@@ -46,6 +47,14 @@ class PayloadError(RingfenceError):
 
 class PayloadTooNew(PayloadError):
     """The payload's version is newer than this worker reads (rolling deploy): the job waits, it is not failed."""
+
+
+class DuplicateJob(RingfenceError):
+    """A job with the same unique key is queued or running (raised only when asked; else its id is returned)."""
+
+    def __init__(self, message: str, existing_id: str) -> None:
+        self.existing_id = existing_id
+        super().__init__(message)
 
 
 class BrokerError(RingfenceError):

@@ -48,6 +48,11 @@ def info(broker: Broker) -> list[dict[str, Any]]:
     return [queue_info(broker, q) for q in broker.queues()]
 
 
+def breakers(broker: Broker) -> list[dict[str, Any]]:
+    """State of every dependency's circuit breaker, with its latest transitions."""
+    return [broker.breaker_state(dep) for dep in broker.dependencies()]
+
+
 def servers(broker: Broker) -> list[dict[str, Any]]:
     return sorted(broker.servers(), key=lambda s: (s.get("host", ""), s.get("pid", 0)))
 

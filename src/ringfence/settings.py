@@ -49,6 +49,31 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
+class BreakerPolicy:
+    """A circuit breaker for one dependency, shared by all workers through Redis.
+
+    ``failures`` failed jobs within ``window_s`` open it; while open, jobs of the dependency wait (without
+    burning attempts) for ``open_s``; then one probe job runs (half-open): success closes it, failure opens it
+    again. ``rate_per_s`` optionally caps the jobs per second started against the dependency, across workers.
+    """
+
+    failures: int = 5
+    window_s: float = 60.0
+    open_s: float = 30.0
+    probe_timeout_s: float = 60.0
+    rate_per_s: int | None = None
+
+    def problems(self, name: str) -> list[str]:
+        out = []
+        if self.failures < 1 or self.window_s <= 0 or self.open_s <= 0 or self.probe_timeout_s <= 0:
+            out.append(f"breaker {name!r}: failures >= 1 and window_s, open_s, probe_timeout_s > 0 "
+                       f"(got {self.failures}, {self.window_s}, {self.open_s}, {self.probe_timeout_s})")
+        if self.rate_per_s is not None and self.rate_per_s < 1:
+            out.append(f"breaker {name!r}: rate_per_s={self.rate_per_s} must be >= 1 or None")
+        return out
+
+
+@dataclass(frozen=True)
 class WorkerSettings:
     """Timing of leases, heartbeats and shutdown, shared by the app's workers."""
 

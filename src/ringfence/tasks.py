@@ -36,7 +36,9 @@ class Task:
     def __init__(self, app: App, fn: Callable[..., Any], options: TaskOptions,
                  permanent: tuple[type[BaseException], ...] = (), retry_delay: RetryDelay | None = None,
                  version: int = 1, payload: type[BaseModel] | None = None,
-                 example: dict[str, Any] | None = None) -> None:
+                 example: dict[str, Any] | None = None, dependency: str | None = None,
+                 concurrency: int | None = None, unique_for: float | None = None,
+                 unique_key: str | Callable[[dict[str, Any]], str] | None = None) -> None:
         self.app = app
         self.fn = fn
         self.options = options
@@ -45,6 +47,10 @@ class Task:
         self.is_async = inspect.iscoroutinefunction(fn)
         self.codec = PayloadCodec(options.name, fn, version, payload)
         self.example = example  # the contract sample of the current version (else built from the schema)
+        self.dependency = dependency    # the circuit breaker this task's jobs go through
+        self.concurrency = concurrency  # jobs of this task running at once across all workers
+        self.unique_for = unique_for
+        self.unique_key = unique_key
 
     @property
     def name(self) -> str:
@@ -73,7 +79,8 @@ class Task:
         return register
 
     def with_options(self, **options: Any) -> BoundTask:
-        """Enqueue options: queue, delay_s, run_at (datetime), max_attempts, timeout_s, expiry_s, job_id."""
+        """Enqueue options: queue, delay_s, run_at (datetime), max_attempts, timeout_s, expiry_s, job_id,
+        unique_for (s), unique_key (str template like "order:{order_id}" or callable(payload)), raise_on_duplicate."""
         return BoundTask(self, EnqueueOptions(**options))
 
     def enqueue(self, model: BaseModel | None = None, /, **fields: Any) -> str:
@@ -93,6 +100,9 @@ class EnqueueOptions:
     timeout_s: float | None = None
     expiry_s: float | None = None
     job_id: str | None = None
+    unique_for: float | None = None
+    unique_key: str | Callable[[dict[str, Any]], str] | None = None
+    raise_on_duplicate: bool = False
 
 
 @dataclass(frozen=True)

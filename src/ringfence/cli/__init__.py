@@ -44,6 +44,6 @@ def main(log_level: str) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-from ringfence.cli import contracts, dead, demo, fence, observe, ops, worker  # noqa: E402, F401  (commands register on import)
+from ringfence.cli import contracts, dead, demo, fence, observe, ops, worker  # noqa: E402  (commands register on import)
 
-__all__ = ["contracts", "dead", "fence", "main", "observe", "ops", "worker"]
+__all__ = ["contracts", "dead", "demo", "fence", "main", "observe", "ops", "worker"]

@@ -37,13 +37,18 @@ def print_table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> N
 def info(app: App, as_json: bool) -> None:
     """Per queue: pending, active, scheduled, retry, dead, processed, failed, latency, paused."""
     rows = inspect.info(app.broker)
+    breakers = inspect.breakers(app.broker)
     if as_json:
-        print_json({"namespace": app.namespace, "environment": app.broker.environment(), "queues": rows})
+        print_json({"namespace": app.namespace, "environment": app.broker.environment(), "queues": rows,
+                    "breakers": breakers})
         return
     cols = ["queue", "pending", "active", "scheduled", "retry", "dead", "processed", "failed", "latency_s", "paused",
             "versions"]
     view = [{**r, "versions": " ".join(f"{k}:{v}" for k, v in r["versions"].items())} for r in rows]
     print_table(f"ringfence {app.namespace}", view, cols)
+    if breakers:
+        print_table("circuit breakers", [{**b, "transitions": " ".join(b["transitions"][:3])} for b in breakers],
+                    ["dependency", "state", "recent_failures", "transitions"])
 
 
 @main.command()

@@ -17,10 +17,13 @@ from ringfence.errors import ConfigError
 @click.option("--concurrency", "-c", default=10, show_default=True, help="jobs run at once per process")
 @click.option("--processes", "-p", default=1, show_default=True, help="worker processes under one supervisor")
 @click.option("--strict", is_flag=True, help="serve queues in the order given instead of by weight")
-def worker(app: App, queues: str | None, concurrency: int, processes: int, strict: bool) -> None:
+@click.option("--max-wait", default=None, help="starvation bounds, queue=seconds,...: served first once exceeded")
+@click.option("--scheduler", is_flag=True, help="also run the cron scheduler of the app's periodic tasks")
+def worker(app: App, queues: str | None, concurrency: int, processes: int, strict: bool, max_wait: str | None,
+           scheduler: bool) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal exits at once)."""
     from ringfence.worker.supervisor import child_command, supervise
-    from ringfence.worker.worker import parse_queues, run_worker
+    from ringfence.worker.worker import parse_max_wait, parse_queues, run_worker
 
     if processes < 1:
         raise ConfigError(f"--processes {processes} must be >= 1")
@@ -28,4 +31,31 @@ def worker(app: App, queues: str | None, concurrency: int, processes: int, stric
     if processes > 1:
         app.check()  # refuse a bad configuration before starting anything
         sys.exit(supervise(child_command(sys.argv[1:]), processes))
-    sys.exit(run_worker(app, parsed, concurrency=concurrency, strict=strict))
+    sys.exit(run_worker(app, parsed, concurrency=concurrency, strict=strict,
+                        max_wait=parse_max_wait(max_wait) if max_wait else None, scheduler=scheduler))
+
+
+@main.command()
+@app_option
+@click.option("--interval", default=1.0, show_default=True, help="seconds between checks")
+def scheduler(app: App, interval: float) -> None:
+    """Enqueue the app's periodic tasks on their cron schedules (run as many as you like: ticks run once)."""
+    import asyncio
+    import signal
+
+    from ringfence.scheduler import Scheduler
+    from ringfence.worker.maintenance import SchedulerLoop
+
+    if not app.periodics:
+        raise ConfigError("the app declares no @app.periodic tasks")
+
+    async def run() -> None:
+        loop = SchedulerLoop(Scheduler(app), interval)
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        loop.start()
+        await stop.wait()
+        await loop.stop()
+
+    asyncio.run(run())

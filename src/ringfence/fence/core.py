@@ -86,7 +86,7 @@ class Core:
             return None
         if row.state is FenceState.IN_DOUBT:
             raise self._in_doubt(row, "parked until a person resolves it")
-        if row.owner_token == self.owner.token:  # the same attempt opening it again
+        if (row.owner_job_id, row.owner_token) == (self.owner.job_id, self.owner.token):  # this attempt again
             self._row = row
             return self._after_takeover(row)
         if self._alive(row):

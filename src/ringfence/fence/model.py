@@ -34,8 +34,8 @@ COMPLETABLE = (FenceState.CLAIMED, FenceState.EFFECTED)
 class Owner:
     """One job attempt that may own fences.
 
-    ``token`` is unique per attempt (the broker's lease token). ``alive(job_id, token)``
-    asks the broker whether that attempt's lease is still live; without it the fence
+    ``(job_id, token)`` identifies one attempt (the broker may share a token across one fetch
+    batch). ``alive(job_id, token)`` asks the broker whether that attempt's lease is still live; without it the fence
     falls back to its own ``lease_until`` (database clock), set ``lease_s`` ahead.
     """
 

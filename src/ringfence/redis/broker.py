@@ -37,6 +37,10 @@ def _ids(raw: Any) -> list[str]:
     return [x.decode() if isinstance(x, bytes) else str(x) for x in raw or []]
 
 
+def _enqueued(raw: Any) -> list[bool | str]:
+    return [x.decode() if isinstance(x, bytes) else bool(x) for x in raw]
+
+
 def _fetched(raw: Any) -> list[tuple[str, bytes, int]]:
     raw = raw or []
     return [(raw[i].decode(), raw[i + 1], int(raw[i + 2])) for i in range(0, len(raw), 3)]
@@ -94,14 +98,83 @@ class Broker:
             self._sync = None
 
     # -- transitions ----------------------------------------------------------------------------
-    def enqueue(self, queue: str, jobs: Iterable[tuple[str, bytes, int]]) -> Call[list[bool]]:
-        """jobs: (id, spec, run-at ms or 0). Parses to one bool per job: False = the id existed."""
+    def enqueue(self, queue: str, jobs: Iterable[tuple[str, bytes, int] | tuple[str, bytes, int, str, int]]
+                ) -> Call[list[bool | str]]:
+        """jobs: (id, spec, run-at ms or 0[, unique key, unique hold end ms]). Parses to one value per job:
+        True = added, False = the id existed, a str = the id of the job holding the unique key."""
         k = self.keys.queue(queue)
         args: list[Any] = [self.clock(), k.wake]
-        for job_id, spec, at in jobs:
-            args += [job_id, spec, at]
-        return Call("enqueue", [k.jobs, k.pending, k.scheduled, k.idle, k.stats], args,
-                    lambda raw: [bool(x) for x in raw])
+        for job in jobs:
+            args += [*job, "", 0] if len(job) == 3 else list(job)
+        return Call("enqueue", [k.jobs, k.pending, k.scheduled, k.idle, k.stats, k.unique, k.unique_exp], args,
+                    _enqueued)
+
+    def cron(self, queue: str, name: str, ticks: Iterable[tuple[int, str, bytes]], skip_to_ms: int = 0
+             ) -> Call[list[int]]:
+        """Enqueue due ticks (ascending) of periodic ``name`` once each; mark ``skip_to_ms`` handled."""
+        k = self.keys.queue(queue)
+        args: list[Any] = [self.clock(), k.wake, name, skip_to_ms]
+        for tick in ticks:
+            args += list(tick)
+        return Call("cron", [k.jobs, k.pending, k.idle, k.stats, k.cron], args, lambda raw: [int(x) for x in raw])
+
+    def cron_last(self, queue: str, name: str) -> int | None:
+        raw = self.sync.hget(self.keys.queue(queue).cron, name)
+        return int(raw) if raw else None
+
+    async def acron_last(self, queue: str, name: str) -> int | None:
+        raw = await self.aio.hget(self.keys.queue(queue).cron, name)
+        return int(raw) if raw else None
+
+    def breaker_allow(self, dependency: str, rate_per_s: float, probe_timeout_ms: int
+                      ) -> Call[tuple[bool, int, str]]:
+        b = self.keys.breaker(dependency)
+        return Call("breaker_allow", [b.state, b.transitions], [self.clock(), rate_per_s, probe_timeout_ms],
+                    lambda raw: (bool(raw[0]), int(raw[1]), raw[2].decode()))
+
+    def breaker_record(self, dependency: str, ok: bool, threshold: int, window_ms: int, open_ms: int,
+                       failure_id: str) -> Call[str]:
+        b = self.keys.breaker(dependency)
+        return Call("breaker_record", [b.state, b.transitions, b.failures],
+                    [self.clock(), 1 if ok else 0, threshold, window_ms, open_ms, failure_id],
+                    lambda raw: raw.decode())
+
+    def breaker_state(self, dependency: str) -> dict[str, Any]:
+        b = self.keys.breaker(dependency)
+        p = self.sync.pipeline(transaction=False)
+        p.hgetall(b.state)
+        p.lrange(b.transitions, 0, 9)
+        p.zcard(b.failures)
+        state, transitions, failures = p.execute()
+        fields = {k.decode(): v.decode() for k, v in state.items()}
+        return {"dependency": dependency, "state": fields.get("state", "closed"),
+                "open_until_ms": int(fields.get("open_until", 0)), "changed_ms": int(fields.get("changed_ms", 0)),
+                "recent_failures": failures, "transitions": [t.decode() for t in transitions]}
+
+    def dependencies(self) -> list[str]:
+        return sorted(_ids(self.sync.smembers(self.keys.dependencies)))
+
+    async def aregister_dependencies(self, names: Iterable[str]) -> None:
+        names = list(names)
+        if names:
+            await self.aio.sadd(self.keys.dependencies, *names)
+
+    def acquire_slot(self, kind: str, name: str, limit: int, holder: str, until_ms: int) -> Call[bool]:
+        return Call("acquire_slot", [self.keys.slots(kind, name)], [self.clock(), limit, holder, until_ms], bool)
+
+    async def release_slot(self, kind: str, name: str, holder: str) -> None:
+        await self.aio.zrem(self.keys.slots(kind, name), holder)
+
+    async def extend_slots(self, slots: Iterable[tuple[str, str, str, int]]) -> None:
+        """(kind, name, holder, new lease end ms) for slots held by running jobs."""
+        async with self.aio.pipeline(transaction=False) as p:
+            for kind, name, holder, until in slots:
+                p.zadd(self.keys.slots(kind, name), {holder: until}, xx=True)
+            await p.execute()
+
+    def slot_holders(self, kind: str, name: str) -> int:
+        key = self.keys.slots(kind, name)
+        return int(self.sync.zcount(key, self.clock(), "+inf"))
 
     def fetch(self, queue: str, count: int, deadline_ms: int, token: str) -> Call[list[tuple[str, bytes, int]]]:
         k = self.keys.queue(queue)
@@ -231,6 +304,15 @@ class Broker:
         flat = self.sync.hrandfield(jobs, size, withvalues=True)
         return list(flat[1::2]), False
 
+    async def oldest_enqueued_ms(self, queue: str) -> int | None:
+        """Enqueue time of the job that has waited longest in ``pending`` (for starvation bounds)."""
+        k = self.keys.queue(queue)
+        oldest = await self.aio.lindex(k.pending, -1)
+        if oldest is None:
+            return None
+        raw = await self.aio.hget(k.jobs, oldest)
+        return int(orjson.loads(raw)["e"]) if raw else None
+
     def job_spec(self, queue: str, job_id: str) -> bytes | None:
         raw: bytes | None = self.sync.hget(self.keys.queue(queue).jobs, job_id)
         return raw
@@ -296,10 +378,11 @@ class Waker:
         await self._pubsub.subscribe(*[k.wake for k in self.queue_keys])
 
     async def mark_idle(self, until_s: float) -> None:
-        until = self.broker.clock() + int(until_s * 1000)
+        now = self.broker.clock()
         async with self.broker.aio.pipeline(transaction=False) as p:
             for k in self.queue_keys:
-                p.zadd(k.idle, {self.worker_id: until})
+                p.zadd(k.idle, {self.worker_id: now + int(until_s * 1000)})
+                p.zremrangebyscore(k.idle, "-inf", now)  # marks of workers that died asleep
             await p.execute()
 
     async def mark_busy(self) -> None:

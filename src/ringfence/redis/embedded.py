@@ -30,6 +30,7 @@ class EmbeddedRedis:
     port: int = 0
     extra: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
+    owns_dir: bool = False  # a temporary() directory is removed by stop()
 
     @property
     def socket_path(self) -> str:
@@ -81,10 +82,12 @@ class EmbeddedRedis:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.owns_dir:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     @classmethod
     def temporary(cls, port: int = 0, extra: tuple[str, ...] = ()) -> EmbeddedRedis:
-        return cls(tempfile.mkdtemp(prefix="ringfence-redis-"), port=port, extra=extra).start()
+        return cls(tempfile.mkdtemp(prefix="ringfence-redis-"), port=port, extra=extra, owns_dir=True).start()
 
 
 def free_port() -> int:

@@ -24,6 +24,16 @@ class QueueKeys:
     idle: str        # zset: worker id -> ms until which it sleeps waiting for a wake-up
     paused: str      # string: exists while the queue is paused
     wake: str        # pub/sub channel: published on enqueue when a worker is idle
+    unique: str      # hash: unique key -> id of the job holding it
+    unique_exp: str  # zset: unique key -> ms when the hold ends
+    cron: str        # hash: periodic name -> last tick ms handled
+
+
+@dataclass(frozen=True)
+class BreakerKeys:
+    state: str        # hash: state, open_until, probe_until, changed_ms, rate_window, rate_count
+    transitions: str  # list: "from>to@ms", newest first, 50 kept
+    failures: str     # zset: failure id -> ms, within the window
 
 
 class Keys:
@@ -32,10 +42,19 @@ class Keys:
         self.queues = f"{namespace}:queues"      # set: every queue name ever used
         self.servers = f"{namespace}:servers"    # zset: server id -> heartbeat expiry ms
         self.meta = f"{namespace}:meta"          # hash: env, created
+        self.dependencies = f"{namespace}:dependencies"  # set: every dependency with a circuit breaker
         self._cache: dict[str, QueueKeys] = {}
 
     def server(self, server_id: str) -> str:
         return f"{self.ns}:server:{server_id}"   # string JSON with TTL: host, pid, queues, running jobs
+
+    def breaker(self, dependency: str) -> BreakerKeys:
+        p = f"{self.ns}:{{{self.ns}:dep:{dependency}}}"
+        return BreakerKeys(state=f"{p}:breaker", transitions=f"{p}:transitions", failures=f"{p}:failures")
+
+    def slots(self, kind: str, name: str) -> str:
+        """zset of a global concurrency limit (kind: task or queue): holder -> slot lease end ms."""
+        return f"{self.ns}:{{{self.ns}:limit:{kind}:{name}}}:slots"
 
     def queue(self, name: str) -> QueueKeys:
         keys = self._cache.get(name)
@@ -56,6 +75,9 @@ class Keys:
                 idle=f"{p}:idle",
                 paused=f"{p}:paused",
                 wake=f"{p}:wake",
+                unique=f"{p}:unique",
+                unique_exp=f"{p}:unique_exp",
+                cron=f"{p}:cron",
             )
             self._cache[name] = keys
         return keys

@@ -62,3 +62,7 @@ class Heartbeat(Loop):
             lost = await broker.arun(broker.extend(queue, leases))
             if lost:
                 w.processor.lease_lost(lost)
+        slots = w.processor.gates.slots()
+        if slots:
+            until = now + int(settings.lease_s * 1000)
+            await broker.extend_slots([(kind, name, holder, until) for kind, name, holder in slots])

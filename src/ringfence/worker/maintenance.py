@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from ringfence.redis.broker import Broker
 from ringfence.worker.loop import Loop
@@ -63,3 +64,16 @@ class Promoter(Loop):
         for queue in await self.queues.names():
             while await self.broker.arun(self.broker.promote(queue)) >= 1000:
                 pass
+
+
+class SchedulerLoop(Loop):
+    """Runs the cron scheduler inside a worker (``ringfence worker --scheduler``)."""
+
+    name = "scheduler"
+
+    def __init__(self, scheduler: Any, interval_s: float = 1.0) -> None:
+        super().__init__(interval_s)
+        self.scheduler = scheduler
+
+    async def tick(self) -> None:
+        await self.scheduler.tick()

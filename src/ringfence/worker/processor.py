@@ -22,6 +22,7 @@ from ringfence.redis.broker import Broker, Waker
 from ringfence.settings import WorkerSettings
 from ringfence.tasks import JobContext, Task
 from ringfence.worker.fencing import Fencing
+from ringfence.worker.gates import Gates
 
 log = logging.getLogger("ringfence.worker")
 
@@ -46,6 +47,16 @@ class Outcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _dependency_ok(o: Outcome) -> bool | None:
+    """Did the dependency work? Success yes; errors and timeouts no; a permanent or payload error, a
+    deferral or a duplicate say nothing about it."""
+    if o.kind == "ack":
+        return o.reason != "duplicate" or None
+    if o.kind == "retry" or (o.kind == "dead" and o.reason == "max_attempts"):
+        return False
+    return None
+
+
 def weighted_order(queues: list[tuple[str, int]], strict: bool) -> list[str]:
     """Strict: as given. Weighted: a random order where a queue comes first with probability ∝ its weight."""
     if strict or len(queues) == 1:
@@ -56,7 +67,7 @@ def weighted_order(queues: list[tuple[str, int]], strict: bool) -> list[str]:
 class Processor:
     def __init__(self, app: App, broker: Broker, queues: list[tuple[str, int]], *, concurrency: int,
                  strict: bool, settings: WorkerSettings, server_id: str,
-                 on_restart_required: Callable[[], None]) -> None:
+                 on_restart_required: Callable[[], None], max_wait: dict[str, float] | None = None) -> None:
         self.app = app
         self.broker = broker
         self.queues = queues
@@ -78,7 +89,12 @@ class Processor:
         self.processed = 0
         self.failed = 0
         self.threads: set[Any] = set()  # futures of sync handlers still running in the pool
+        self.max_wait = max_wait or {}   # queue -> starvation bound (s): served first once exceeded
+        self._starving: list[str] = []
+        self._starving_at = 0.0
+        self._unmark: asyncio.Task[None] | None = None
         self.fencing = Fencing(app, broker, settings)
+        self.gates = Gates(app, broker, settings)
 
     # -- fetching -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -92,10 +108,13 @@ class Processor:
                 continue
             if await self._fetch(free):
                 continue
-            await self.waker.mark_idle(self.settings.heartbeat_s * 2)
+            if self._unmark is not None:
+                await self._unmark  # never let a late "busy" erase the new idle mark
+            await self.waker.mark_idle(self.settings.heartbeat_s + 1)
             if not await self._fetch(free):
                 await self._until(self.waker.wait(self.settings.heartbeat_s))
-            await self.waker.mark_busy()
+            # Clear the idle mark off the wake-up path: the next fetch need not wait for it.
+            self._unmark = asyncio.create_task(self.waker.mark_busy())
 
     async def _until(self, aw: Any) -> None:
         """Await ``aw`` unless the worker is asked to stop first."""
@@ -106,9 +125,23 @@ class Processor:
             if not t.done():
                 t.cancel()
 
+    async def _order(self) -> list[str]:
+        order = weighted_order(self.queues, self.strict)
+        if not self.max_wait:
+            return order
+        now = self.broker.clock()
+        if now - self._starving_at > 500:  # checked twice a second at most: two reads per bounded queue
+            self._starving_at = now
+            self._starving = []
+            for queue, bound_s in self.max_wait.items():
+                oldest = await self.broker.oldest_enqueued_ms(queue)
+                if oldest is not None and now - oldest > bound_s * 1000:
+                    self._starving.append(queue)
+        return self._starving + [q for q in order if q not in self._starving]
+
     async def _fetch(self, free: int) -> int:
         now = self.broker.clock()
-        for queue in weighted_order(self.queues, self.strict):
+        for queue in await self._order():
             self._seq += 1
             token = f"{self.server_id}.{self._seq}"
             deadline = now + int(self.settings.lease_s * 1000)
@@ -156,6 +189,19 @@ class Processor:
             return await self._unreadable(job, spec, str(exc), "newer_version", dead_after_grace=False)
         except PayloadError as exc:
             return Outcome("dead", "bad_payload", str(exc))
+        wait = await self.gates.enter(job, task)
+        if wait is not None:
+            return Outcome("requeue", delay_s=wait.delay_s, counter=wait.counter)
+        try:
+            outcome = await self._run(r, task, spec, args, kwargs)
+        finally:
+            await self.gates.release(job)
+        await self.gates.record(job, task, _dependency_ok(outcome))
+        return outcome
+
+    async def _run(self, r: Running, task: Task, spec: JobSpec, args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> Outcome:
+        job = r.job
         timeout_s = spec.timeout_ms / 1000 if spec.timeout_ms else task.options.timeout_s
         r.ctx = ctx = JobContext(
             id=job.id, task=task.name, queue=job.queue, attempt=job.attempt,
@@ -207,7 +253,8 @@ class Processor:
     async def _call(self, task: Task, ctx: JobContext, args: tuple[Any, ...], kwargs: dict[str, Any],
                     timeout_s: float) -> None:
         if task.is_async:
-            await asyncio.wait_for(task.fn(ctx, *args, **kwargs), timeout_s)
+            async with asyncio.timeout(timeout_s):  # no extra Task per job, unlike wait_for
+                await task.fn(ctx, *args, **kwargs)
             return
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self.pool, functools.partial(task.fn, ctx, *args, **kwargs))

@@ -13,7 +13,7 @@ from ringfence.errors import ConfigError, EnvironmentMismatch
 from ringfence.models import new_job_id
 from ringfence.settings import WorkerSettings, check_name
 from ringfence.worker.heartbeat import Heartbeat
-from ringfence.worker.maintenance import Promoter, QueueSet, Recoverer
+from ringfence.worker.maintenance import Promoter, QueueSet, Recoverer, SchedulerLoop
 from ringfence.worker.processor import Processor
 
 log = logging.getLogger("ringfence.worker")
@@ -43,7 +43,8 @@ class Worker:
     """Runs jobs of the given queues until SIGTERM/SIGINT. ``run()`` returns the process exit code."""
 
     def __init__(self, app: App, queues: list[tuple[str, int]] | None = None, *, concurrency: int = 10,
-                 strict: bool = False, settings: WorkerSettings | None = None) -> None:
+                 strict: bool = False, settings: WorkerSettings | None = None,
+                 max_wait: dict[str, float] | None = None, scheduler: bool = False) -> None:
         if concurrency < 1:
             raise ConfigError(f"--concurrency {concurrency} must be >= 1")
         self.app = app
@@ -55,9 +56,13 @@ class Worker:
         self.server_id = f"{socket.gethostname()}.{os.getpid()}.{new_job_id()[:6]}"
         self.broker = app.broker
         self.exit_code = 0
+        unknown = sorted(set(max_wait or {}) - {q for q, _ in self.queues})
+        if unknown:
+            raise ConfigError(f"--max-wait names queue(s) this worker does not serve: {', '.join(unknown)}")
+        self.scheduler = scheduler
         self.processor = Processor(app, self.broker, self.queues, concurrency=concurrency, strict=strict,
                                    settings=self.settings, server_id=self.server_id,
-                                   on_restart_required=self._restart_required)
+                                   on_restart_required=self._restart_required, max_wait=max_wait)
         self._signals = 0
 
     def _restart_required(self) -> None:
@@ -96,8 +101,13 @@ class Worker:
         queue_set = QueueSet(self.broker, names)
         s = self.settings
         heartbeat = Heartbeat(self)
+        await self.broker.aregister_dependencies(self.app.breakers)
         loops = [heartbeat, Recoverer(self.broker, queue_set, s.recover_interval_s),
                  Promoter(self.broker, queue_set, s.promote_interval_s)]
+        if self.scheduler:
+            from ringfence.scheduler import Scheduler
+
+            loops.append(SchedulerLoop(Scheduler(self.app, self.broker)))
         for component in loops:
             component.start()
         log.info("worker %s: queues %s, concurrency %d", self.server_id,
@@ -113,9 +123,23 @@ class Worker:
         return self.exit_code
 
 
+def parse_max_wait(spec: str) -> dict[str, float]:
+    """``low=60,default=30`` → {"low": 60.0, "default": 30.0} (seconds)."""
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, value = part.partition("=")
+        try:
+            out[check_name("queue", name)] = float(value.rstrip("s"))
+        except ValueError:
+            raise ConfigError(f"--max-wait {spec!r}: {part!r} must look like queue=seconds") from None
+        if out[name] <= 0:
+            raise ConfigError(f"--max-wait {spec!r}: the bound of {name!r} must be > 0")
+    return out
+
+
 def run_worker(app: App, queues: list[tuple[str, int]] | None = None, *, concurrency: int = 10,
-               strict: bool = False) -> int:
-    worker = Worker(app, queues, concurrency=concurrency, strict=strict)
+               strict: bool = False, max_wait: dict[str, float] | None = None, scheduler: bool = False) -> int:
+    worker = Worker(app, queues, concurrency=concurrency, strict=strict, max_wait=max_wait, scheduler=scheduler)
     code = asyncio.run(worker.run())
     if worker.processor.threads:
         # Sync handlers still running were requeued; a thread cannot be stopped, so leave without joining it.

@@ -1,0 +1,76 @@
+"""What a job passes before it runs: global concurrency limits (per task, per queue) and the circuit breaker of
+its dependency. A job that may not run yet waits without burning an attempt."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from ringfence.app import App
+from ringfence.models import Fetched
+from ringfence.redis.broker import Broker
+from ringfence.settings import WorkerSettings
+from ringfence.tasks import Task
+
+SLOT_RETRY_S = 0.5
+
+
+@dataclass(frozen=True)
+class Wait:
+    delay_s: float
+    counter: str
+
+
+class Gates:
+    def __init__(self, app: App, broker: Broker, settings: WorkerSettings) -> None:
+        self.app = app
+        self.broker = broker
+        self.settings = settings
+        self.held: dict[str, list[tuple[str, str]]] = {}  # job id -> (kind, name) slots it holds
+
+    def limits(self, job: Fetched, task: Task) -> list[tuple[str, str, int]]:
+        out = []
+        if task.concurrency is not None:
+            out.append(("task", task.name, task.concurrency))
+        if job.queue in self.app.queue_limits:
+            out.append(("queue", job.queue, self.app.queue_limits[job.queue]))
+        return out
+
+    async def enter(self, job: Fetched, task: Task) -> Wait | None:
+        """None when the job may run now (its slots are then held until ``leave``)."""
+        b = self.broker
+        until = b.clock() + int(self.settings.lease_s * 1000)
+        taken: list[tuple[str, str]] = []
+        for kind, name, limit in self.limits(job, task):
+            if not await b.arun(b.acquire_slot(kind, name, limit, job.id, until)):
+                for k, n in taken:
+                    await b.release_slot(k, n, job.id)
+                return Wait(SLOT_RETRY_S * (0.5 + random.random()), "concurrency_delayed")
+            taken.append((kind, name))
+        if task.dependency is not None:
+            policy = self.app.breakers[task.dependency]
+            ok, wait_ms, why = await b.arun(b.breaker_allow(
+                task.dependency, policy.rate_per_s or 0, int(policy.probe_timeout_s * 1000)))
+            if not ok:
+                for k, n in taken:
+                    await b.release_slot(k, n, job.id)
+                return Wait(max(wait_ms, 50) / 1000, "rate_limited" if why == "rate_limited" else "breaker_delayed")
+        if taken:
+            self.held[job.id] = taken
+        return None
+
+    async def release(self, job: Fetched) -> None:
+        for kind, name in self.held.pop(job.id, []):
+            await self.broker.release_slot(kind, name, job.id)
+
+    async def record(self, job: Fetched, task: Task, dependency_ok: bool | None) -> None:
+        """Tell the breaker how the dependency did (None: the outcome says nothing about it)."""
+        if task.dependency is not None and dependency_ok is not None:
+            p = self.app.breakers[task.dependency]
+            await self.broker.arun(self.broker.breaker_record(
+                task.dependency, dependency_ok, p.failures, int(p.window_s * 1000), int(p.open_s * 1000),
+                f"{job.id}.{job.attempt}.{job.token}"))
+
+    def slots(self) -> list[tuple[str, str, str]]:
+        """(kind, name, holder) of every slot held by a running job, for the heartbeat to renew."""
+        return [(kind, name, job_id) for job_id, held in self.held.items() for kind, name in held]
