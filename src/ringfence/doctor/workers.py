@@ -64,7 +64,8 @@ def error_wave(ctx: Context) -> Iterator[Finding]:
 
 def _recent_dead(ctx: Context, queue: str, cutoff_ms: int, reasons: set[str]) -> list[int]:
     """died_ms of dead jobs with one of ``reasons`` since ``cutoff_ms`` (newest first, stops at the cutoff)."""
-    b, out, offset = ctx.broker, [], 0
+    b, offset = ctx.broker, 0
+    out: list[int] = []
     while True:
         ids = b.dead_ids(queue, offset, 200)
         if not ids:
@@ -105,7 +106,8 @@ def shutdown_timeout(ctx: Context) -> Iterator[Finding]:
     for name in ctx.after.queues:
         requeued = ctx.after.stat(name, "requeued_on_shutdown")
         if requeued:
-            timeouts = sorted({s.get("shutdown_timeout_s") for s in ctx.after.listed_by(name)} - {None})
+            timeouts = sorted({float(s["shutdown_timeout_s"]) for s in ctx.after.listed_by(name)
+                               if s.get("shutdown_timeout_s") is not None})
             yield Finding(
                 "shutdown_timeout", Status.WARNING, subject=name,
                 symptom=(f"queue {name}: {requeued} job(s) were still running when their worker's shutdown timeout "

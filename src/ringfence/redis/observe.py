@@ -68,7 +68,7 @@ def history_sample(broker: Broker, queue: str, count: int = 1000) -> list[dict[s
     k = broker.keys.queue(queue)
     _, data = broker.sync.hscan(k.history, 0, count=count)
     entries: list[dict[str, Any]] = []
-    for raw in data.values():
+    for raw in data.values():  # type: ignore[union-attr]  (HSCAN parses to a dict)
         entries.extend(orjson.loads(raw))
     return entries
 
@@ -83,7 +83,7 @@ def acquire_lease(broker: Broker, owner: str, ttl_s: float) -> bool:
     key = f"{broker.keys.ns}:alerts:leader"
     with broker.sync.pipeline() as p:
         try:
-            p.watch(key)
+            p.watch(key)  # type: ignore[no-untyped-call]
             holder = _text(p.get(key))
             if holder not in (None, owner):
                 return False
@@ -99,7 +99,7 @@ def release_lease(broker: Broker, owner: str) -> None:
     key = f"{broker.keys.ns}:alerts:leader"
     with broker.sync.pipeline() as p:
         try:
-            p.watch(key)
+            p.watch(key)  # type: ignore[no-untyped-call]
             if _text(p.get(key)) == owner:
                 p.multi()
                 p.delete(key)
