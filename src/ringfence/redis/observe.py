@@ -68,7 +68,7 @@ def history_sample(broker: Broker, queue: str, count: int = 1000) -> list[dict[s
     k = broker.keys.queue(queue)
     _, data = broker.sync.hscan(k.history, 0, count=count)
     entries: list[dict[str, Any]] = []
-    for raw in data.values():  # type: ignore[union-attr]  (HSCAN parses to a dict)
+    for raw in data.values():  # type: ignore[union-attr]
         entries.extend(orjson.loads(raw))
     return entries
 
