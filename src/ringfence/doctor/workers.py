@@ -18,7 +18,8 @@ from ringfence.redis import observe
 def environment(ctx: Context) -> Iterator[Finding]:
     recorded = ctx.after.environment
     expected = recorded or ctx.app.environment
-    if recorded is not None and recorded != ctx.app.environment:
+    # "default" is what an App built from a bare environment gets: a read-only shell, not a misconfiguration.
+    if recorded is not None and ctx.app.environment not in (recorded, "default"):
         yield Finding(
             "environment", Status.WARNING, subject="app",
             symptom=f"namespace {ctx.app.namespace!r} belongs to {recorded!r}; this app says {ctx.app.environment!r}",
