@@ -9,12 +9,12 @@ from typing import ClassVar
 
 import orjson
 
-from conftest import wait_until
 from ringfence import App
 from ringfence.alerts import AlertLoop, AlertRules
 from ringfence.doctor import Thresholds
 from ringfence.redis import observe
 from ringfence.worker.worker import Worker
+from support import wait_until
 
 RULES = AlertRules(thresholds=Thresholds(sample_s=0.0), interval_s=0.1, lease_s=5.0)
 

@@ -10,7 +10,6 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from conftest import wait_until
 from ringfence import App, RetryPolicy, WorkerSettings
 from ringfence.cli import main as cli
 from ringfence.doctor import Report, Status, Thresholds, diagnose
@@ -20,6 +19,7 @@ from ringfence.models import JobSpec, new_job_id
 from ringfence.redis.broker import Broker
 from ringfence.redis.embedded import EmbeddedRedis, free_port
 from ringfence.worker.worker import Worker
+from support import wait_until
 
 QUICK = Thresholds(sample_s=0.2)
 

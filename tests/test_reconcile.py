@@ -9,11 +9,11 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import Column, MetaData, String, Table, create_engine, text
 
-from conftest import service_missing
 from ringfence.cli import main as cli
 from ringfence.fence import FenceStore
 from ringfence.fence.model import Owner
 from ringfence.reconcile import Effect, reconcile
+from support import service_missing
 
 DATABASES = {"sqlite": None, "postgresql": "postgresql+psycopg://root@127.0.0.1:5432/test"}
 

@@ -75,6 +75,7 @@ class App:
         self.client = Client(self)
         self.dead_hooks: list[DeadHook] = []
         self.alert_hooks: list[AlertHook] = []
+        self.alert_rules: Any = None  # ringfence.alerts.AlertRules for workers' alert loop; None: the defaults
         self._broker: Broker | None = None
         self._embedded: Any = None
         self._fence_store: Any = None

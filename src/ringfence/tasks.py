@@ -141,18 +141,21 @@ class JobContext:
     timeout_s: float = 300.0
     cancelled: threading.Event = field(default_factory=threading.Event)
     fencing: Any = None  # the worker's fence wiring; None outside a worker
+    fence_key: str | None = None  # the latest fence opened ("subject/step"), stamped on log lines
 
     def fence(self, subject: str, step: str, **options: Any) -> Any:
         """A fence on (business id, step) in the SQL store: ``with``/``async with ctx.fence(...) as step``.
         Options: params, provider_dedup, key_window_s, reconcile, retention_s (see docs/fences.md)."""
         if self.fencing is None:
             raise ConfigError("this job context has no fence wiring (it was not created by a worker)")
+        self.fence_key = f"{subject}/{step}"
         return self.fencing.sql(self).open(subject, step, **options)
 
     def redis_fence(self, subject: str, step: str, **options: Any) -> Any:
         """The same API with the fence kept in Redis (SET NX + TTL): for cheap effects only, never money."""
         if self.fencing is None:
             raise ConfigError("this job context has no fence wiring (it was not created by a worker)")
+        self.fence_key = f"{subject}/{step}"
         return self.fencing.redis(self).open(subject, step, **options)
 
     @property

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import logging
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -39,9 +38,12 @@ class Group(click.Group):
 
 @click.group(cls=Group)
 @click.option("--log-level", default="INFO", envvar="RINGFENCE_LOG_LEVEL", show_default=True)
-def main(log_level: str) -> None:
+@click.option("--log-json/--log-text", default=None, help="one JSON object per log line (env RINGFENCE_LOG_JSON)")
+def main(log_level: str, log_json: bool | None) -> None:
     """ringfence: a Redis job queue where the second run is empty."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ringfence.logs import cli_configure
+
+    cli_configure(log_level, log_json)
 
 
 from ringfence.cli import contracts, dead, demo, fence, observe, ops, worker  # noqa: E402  (commands register on import)

@@ -19,8 +19,11 @@ from ringfence.errors import ConfigError
 @click.option("--strict", is_flag=True, help="serve queues in the order given instead of by weight")
 @click.option("--max-wait", default=None, help="starvation bounds, queue=seconds,...: served first once exceeded")
 @click.option("--scheduler", is_flag=True, help="also run the cron scheduler of the app's periodic tasks")
+@click.option("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+@click.option("--alerts/--no-alerts", default=True, show_default=True,
+              help="evaluate alert rules (one worker at a time holds the evaluator lease)")
 def worker(app: App, queues: str | None, concurrency: int, processes: int, strict: bool, max_wait: str | None,
-           scheduler: bool) -> None:
+           scheduler: bool, metrics_port: int | None, alerts: bool) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal exits at once)."""
     from ringfence.worker.supervisor import child_command, supervise
     from ringfence.worker.worker import parse_max_wait, parse_queues, run_worker
@@ -32,7 +35,8 @@ def worker(app: App, queues: str | None, concurrency: int, processes: int, stric
         app.check()  # refuse a bad configuration before starting anything
         sys.exit(supervise(child_command(sys.argv[1:]), processes))
     sys.exit(run_worker(app, parsed, concurrency=concurrency, strict=strict,
-                        max_wait=parse_max_wait(max_wait) if max_wait else None, scheduler=scheduler))
+                        max_wait=parse_max_wait(max_wait) if max_wait else None, scheduler=scheduler,
+                        metrics_port=metrics_port, alerts=alerts))
 
 
 @main.command()

@@ -66,6 +66,7 @@ class Core:
             row = self.store.capture(self.subject, self.step, self.owner, self.phash, self.opts.retention_s)
             if row is not None:  # we inserted it: epoch 1, claimed
                 self._row = row
+                self._observe("captured")
                 fault_point("after_capture")
                 return None
             row = self.store.get(self.subject, self.step)
@@ -83,6 +84,7 @@ class Core:
                 f"{self.phash[:12]}…: same key, different parameters; refusing a second effect")
         if row.state is FenceState.COMPLETED:
             self._row, self.done = row, True
+            self._observe("skipped_done")
             return None
         if row.state is FenceState.IN_DOUBT:
             raise self._in_doubt(row, "parked until a person resolves it")
@@ -99,8 +101,13 @@ class Core:
         if new is None:
             return _LOST_RACE
         self._row = new
+        self._observe("resumed")
         fault_point("after_capture")
         return self._after_takeover(new)
+
+    def _observe(self, outcome: str) -> None:
+        if self.owner.observe is not None:
+            self.owner.observe(self.step, outcome)
 
     def _alive(self, row: FenceRow) -> bool:
         if row.owner_token is None or row.owner_job_id is None:  # released by a person

@@ -43,6 +43,7 @@ class Owner:
     token: str
     lease_s: float
     alive: Callable[[str, str], bool] | None = None
+    observe: Callable[[str, str], None] | None = None  # (step, outcome): captured, skipped_done, resumed
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ringfence.app import App
@@ -18,14 +19,17 @@ log = logging.getLogger("ringfence.worker")
 
 
 class Fencing:
-    def __init__(self, app: App, broker: Broker, settings: WorkerSettings) -> None:
+    def __init__(self, app: App, broker: Broker, settings: WorkerSettings,
+                 observe: Callable[[str, str], None] | None = None) -> None:
         self.app = app
         self.broker = broker
         self.settings = settings
+        self.observe = observe  # fence outcomes, for metrics
 
     def owner(self, ctx: JobContext) -> Owner:
         # The fence's own lease is the fallback when the broker cannot answer: it covers the job's timeout.
-        return Owner(ctx.id, ctx.token, lease_s=ctx.timeout_s + self.settings.lease_s, alive=self.alive)
+        return Owner(ctx.id, ctx.token, lease_s=ctx.timeout_s + self.settings.lease_s, alive=self.alive,
+                     observe=self.observe)
 
     def sql(self, ctx: JobContext) -> Fences:
         return Fences(self.app.fence_store, self.owner(ctx))

@@ -40,6 +40,7 @@ class Heartbeat(Loop):
             "failed": w.processor.failed,
             "tasks": sorted(w.app.registry.tasks),
             "shutdown_timeout_s": w.settings.shutdown_timeout_s,
+            "duration_p95_s": w.processor.metrics.duration_p95(),
         }
 
     async def tick(self) -> None:

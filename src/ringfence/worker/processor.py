@@ -6,6 +6,7 @@ import asyncio
 import functools
 import logging
 import random
+import time
 import traceback
 from collections import defaultdict
 from collections.abc import Callable
@@ -16,7 +17,18 @@ from typing import Any
 import orjson
 
 from ringfence.app import App
-from ringfence.errors import FenceBusy, InDoubt, PayloadError, PayloadTooNew, Permanent, RetryLater
+from ringfence.errors import (
+    FenceBusy,
+    FenceConflict,
+    FencedOut,
+    InDoubt,
+    PayloadError,
+    PayloadTooNew,
+    Permanent,
+    RetryLater,
+)
+from ringfence.logs import JobLogger, job_logger
+from ringfence.metrics import Metrics
 from ringfence.models import DeadJob, Fetched, JobSpec
 from ringfence.redis.broker import Broker, Waker
 from ringfence.settings import WorkerSettings
@@ -34,6 +46,7 @@ class Running:
     task: asyncio.Task[None] | None = None
     lost: bool = False       # the lease went to another attempt: record nothing
     settled: bool = False    # an outcome was recorded (a sync thread may still be running)
+    started: float = 0.0     # monotonic time the handler started (0: it never did)
 
 
 @dataclass
@@ -45,6 +58,17 @@ class Outcome:
     delay_s: float = 0.0
     counter: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _fence_outcome(exc: BaseException) -> str | None:
+    """The fence outcome a handler's exception stands for (the step is not known here: label "-")."""
+    if isinstance(exc, FenceConflict | FenceBusy):
+        return "conflict"
+    if isinstance(exc, InDoubt):
+        return "in_doubt"
+    if isinstance(exc, FencedOut):
+        return "fenced_out"
+    return None
 
 
 def _dependency_ok(o: Outcome) -> bool | None:
@@ -67,7 +91,8 @@ def weighted_order(queues: list[tuple[str, int]], strict: bool) -> list[str]:
 class Processor:
     def __init__(self, app: App, broker: Broker, queues: list[tuple[str, int]], *, concurrency: int,
                  strict: bool, settings: WorkerSettings, server_id: str,
-                 on_restart_required: Callable[[], None], max_wait: dict[str, float] | None = None) -> None:
+                 on_restart_required: Callable[[], None], max_wait: dict[str, float] | None = None,
+                 metrics: Metrics | None = None) -> None:
         self.app = app
         self.broker = broker
         self.queues = queues
@@ -93,7 +118,8 @@ class Processor:
         self._starving: list[str] = []
         self._starving_at = 0.0
         self._unmark: asyncio.Task[None] | None = None
-        self.fencing = Fencing(app, broker, settings)
+        self.metrics = metrics or Metrics()
+        self.fencing = Fencing(app, broker, settings, observe=self.metrics.fence_outcome)
         self.gates = Gates(app, broker, settings)
 
     # -- fetching -------------------------------------------------------------------------------
@@ -164,7 +190,8 @@ class Processor:
             if not r.settled and not r.lost:
                 await self._record(r, outcome)
         except Exception:
-            log.exception("job %s: recording its outcome failed; its lease will expire and it runs again", r.job.id)
+            self._log(r).exception("job %s: recording its outcome failed; its lease will expire and it runs again",
+                                   r.job.id)
         finally:
             self.running.pop(r.job.id, None)
             self._slot.set()
@@ -203,6 +230,8 @@ class Processor:
                    kwargs: dict[str, Any]) -> Outcome:
         job = r.job
         timeout_s = spec.timeout_ms / 1000 if spec.timeout_ms else task.options.timeout_s
+        r.started = time.monotonic()
+        self.metrics.job_started(task.name, job.queue, (self.broker.clock() - spec.enqueued_ms) / 1000)
         r.ctx = ctx = JobContext(
             id=job.id, task=task.name, queue=job.queue, attempt=job.attempt,
             max_attempts=spec.max_attempts or task.options.retry.max_attempts,
@@ -240,7 +269,8 @@ class Processor:
         s = self.settings
         age_s = (self.broker.clock() - spec.enqueued_ms) / 1000
         if age_s <= s.grace_s:
-            log.warning("job %s: %s; retried in %gs without burning an attempt", job.id, why, s.defer_s)
+            self._log(Running(job)).warning("job %s: %s; retried in %gs without burning an attempt", job.id, why,
+                                            s.defer_s)
             return Outcome("requeue", delay_s=s.defer_s, counter=counter)
         if dead_after_grace:
             return Outcome("dead", counter, f"{why}; still unreadable {age_s:.0f}s after enqueue "
@@ -265,13 +295,16 @@ class Processor:
         except TimeoutError:
             # A thread cannot be killed: record the failure, then the process must go.
             ctx.cancelled.set()
-            log.error("job %s (%s): sync handler exceeded its timeout of %gs; a thread cannot be stopped, "
+            job_logger(ctx).error("job %s (%s): sync handler exceeded its timeout of %gs; a thread cannot be stopped, "
                       "so this worker process exits and must be restarted", ctx.id, task.name, timeout_s)
             self.on_restart_required()
             raise
 
     def _failure(self, task: Task, ctx: JobContext, exc: BaseException, tb: str) -> Outcome:
         error = f"{type(exc).__name__}: {exc}"
+        fence = _fence_outcome(exc)
+        if fence is not None:
+            self.metrics.fence_outcome("-", fence)
         if isinstance(exc, RetryLater):
             return Outcome("requeue", delay_s=exc.delay_s, counter="deferred")
         if isinstance(exc, FenceBusy):
@@ -296,10 +329,12 @@ class Processor:
     async def _record(self, r: Running, o: Outcome) -> None:
         job, b = r.job, self.broker
         r.settled = True
+        if r.started and job.spec is not None:
+            self.metrics.job_finished(job.spec.task, job.queue, o.kind, time.monotonic() - r.started)
         if o.kind == "ack":
             self.processed += 1
             if o.reason == "duplicate":
-                log.info("job %s: %s; acked as a duplicate", job.id, o.error)
+                self._log(r).info("job %s: %s; acked as a duplicate", job.id, o.error)
             self._acks[job.queue].append((job.id, job.token))
             self._ack_ready.set()
             return
@@ -310,14 +345,24 @@ class Processor:
         self.failed += 1
         entry = {"attempt": job.attempt, "error": o.error, "at": b.clock(), "worker": self.server_id}
         if o.kind == "retry":
-            log.warning("job %s attempt %d failed: %s; retry in %.1fs", job.id, job.attempt, o.error, o.delay_s)
+            self._log(r).warning("job %s attempt %d failed: %s; retry in %.1fs", job.id, job.attempt, o.error,
+                                 o.delay_s)
             await b.arun(b.retry(job.queue, job.id, job.token, b.clock() + int(o.delay_s * 1000), entry))
             return
         task_name = job.spec.task if job.spec is not None else "?"
         fields = {"reason": o.reason, "error": o.error, "traceback": o.tb, "task": task_name, "queue": job.queue}
-        log.error("job %s (%s) -> dead-letter [%s]: %s", job.id, task_name, o.reason, o.error)
+        self._log(r).error("job %s (%s) -> dead-letter [%s]: %s", job.id, task_name, o.reason, o.error)
         if await b.arun(b.dead(job.queue, job.id, job.token, entry, fields)):
             await self._dead_hooks(job, o, task_name)
+
+    @staticmethod
+    def _log(r: Running) -> JobLogger:
+        """A logger whose lines carry the job's id, task, queue, attempt and fence keys."""
+        if r.ctx is not None:
+            return job_logger(r.ctx)
+        job = r.job
+        return job_logger(job_id=job.id, task=job.spec.task if job.spec else None, queue=job.queue,
+                          attempt=job.attempt)
 
     async def _dead_hooks(self, job: Fetched, o: Outcome, task_name: str) -> None:
         spec = job.spec

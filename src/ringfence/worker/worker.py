@@ -10,6 +10,7 @@ import socket
 
 from ringfence.app import App
 from ringfence.errors import ConfigError, EnvironmentMismatch
+from ringfence.metrics import Metrics
 from ringfence.models import new_job_id
 from ringfence.settings import WorkerSettings, check_name
 from ringfence.worker.heartbeat import Heartbeat
@@ -44,7 +45,8 @@ class Worker:
 
     def __init__(self, app: App, queues: list[tuple[str, int]] | None = None, *, concurrency: int = 10,
                  strict: bool = False, settings: WorkerSettings | None = None,
-                 max_wait: dict[str, float] | None = None, scheduler: bool = False) -> None:
+                 max_wait: dict[str, float] | None = None, scheduler: bool = False,
+                 metrics_port: int | None = None, alerts: bool = True) -> None:
         if concurrency < 1:
             raise ConfigError(f"--concurrency {concurrency} must be >= 1")
         self.app = app
@@ -60,9 +62,13 @@ class Worker:
         if unknown:
             raise ConfigError(f"--max-wait names queue(s) this worker does not serve: {', '.join(unknown)}")
         self.scheduler = scheduler
+        self.metrics_port = metrics_port
+        self.alerts = alerts
+        self.metrics = Metrics()
         self.processor = Processor(app, self.broker, self.queues, concurrency=concurrency, strict=strict,
                                    settings=self.settings, server_id=self.server_id,
-                                   on_restart_required=self._restart_required, max_wait=max_wait)
+                                   on_restart_required=self._restart_required, max_wait=max_wait,
+                                   metrics=self.metrics)
         self._signals = 0
 
     def _restart_required(self) -> None:
@@ -87,6 +93,14 @@ class Worker:
                 "(RINGFENCE_ENV, RINGFENCE_NAMESPACE)"
             )
 
+    def _serve_metrics(self) -> object | None:
+        if self.metrics_port is None:
+            return None
+        broker = self.broker
+        self.metrics.breaker_source(lambda: {d: broker.breaker_state(d)["state"] for d in self.app.breakers})
+        log.info("metrics on :%d/metrics", self.metrics_port)
+        return self.metrics.serve(self.metrics_port)
+
     async def run(self) -> int:
         await self._guard_environment()
         names = [q for q, _ in self.queues]
@@ -108,6 +122,11 @@ class Worker:
             from ringfence.scheduler import Scheduler
 
             loops.append(SchedulerLoop(Scheduler(self.app, self.broker)))
+        if self.alerts:
+            from ringfence.alerts import AlertLoop
+
+            loops.append(AlertLoop(self.app, self.app.alert_rules, owner=self.server_id))
+        http = self._serve_metrics()
         for component in loops:
             component.start()
         log.info("worker %s: queues %s, concurrency %d", self.server_id,
@@ -116,6 +135,8 @@ class Worker:
             await self.processor.run()
             await self.processor.drain(s.shutdown_timeout_s)
         finally:
+            if http is not None:
+                http.shutdown()
             for component in loops:
                 await component.stop()
             await self.broker.unregister_server(self.server_id)
@@ -138,8 +159,10 @@ def parse_max_wait(spec: str) -> dict[str, float]:
 
 
 def run_worker(app: App, queues: list[tuple[str, int]] | None = None, *, concurrency: int = 10,
-               strict: bool = False, max_wait: dict[str, float] | None = None, scheduler: bool = False) -> int:
-    worker = Worker(app, queues, concurrency=concurrency, strict=strict, max_wait=max_wait, scheduler=scheduler)
+               strict: bool = False, max_wait: dict[str, float] | None = None, scheduler: bool = False,
+               metrics_port: int | None = None, alerts: bool = True) -> int:
+    worker = Worker(app, queues, concurrency=concurrency, strict=strict, max_wait=max_wait, scheduler=scheduler,
+                    metrics_port=metrics_port, alerts=alerts)
     code = asyncio.run(worker.run())
     if worker.processor.threads:
         # Sync handlers still running were requeued; a thread cannot be stopped, so leave without joining it.
