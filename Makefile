@@ -18,6 +18,7 @@ demo: setup
 
 test: setup
 	$(BIN)/ruff check src tests
+	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: setup

@@ -30,7 +30,7 @@ class RetryPolicy:
 
     def ceiling_s(self, attempt: int) -> float:
         """The longest delay after failed attempt ``attempt`` (1-based)."""
-        return min(self.cap_s, self.base_s * 2 ** (attempt - 1))
+        return float(min(self.cap_s, self.base_s * 2.0 ** (attempt - 1)))
 
     def total_ceiling_s(self) -> float:
         """The longest time all retries of one job can wait, added up."""

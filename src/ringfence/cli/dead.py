@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,7 +17,7 @@ from ringfence.errors import ConfigError
 from ringfence.models import DeadJob
 
 
-def filters(fn):  # type: ignore[no-untyped-def]
+def filters(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--queue", default=None, help="only this queue")(fn)
     fn = click.option("--task", default=None, help="only this task name")(fn)
     fn = click.option("--error", default=None, help="only errors containing this text")(fn)
@@ -87,7 +88,8 @@ def replay(app: App, ids: tuple[str, ...], all_: bool, **flt: str | None) -> Non
         in_redis = inspect.dead_jobs(app.broker, inspect.DeadFilter(**flt))
     done: list[str] = []
     for queue in sorted({j.queue for j in in_redis}):
-        done += app.broker.run(app.broker.replay(queue, [j.id for j in in_redis if j.queue == queue]))
+        replayed: list[str] = app.broker.run(app.broker.replay(queue, [j.id for j in in_redis if j.queue == queue]))
+        done.extend(replayed)
     seen = {j.id for j in in_redis}
     restored = 0
     for row in _durable_rows(app, ids, all_, **flt):

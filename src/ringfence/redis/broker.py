@@ -37,6 +37,10 @@ def _ids(raw: Any) -> list[str]:
     return [x.decode() if isinstance(x, bytes) else str(x) for x in raw or []]
 
 
+def _str(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
 def _enqueued(raw: Any) -> list[bool | str]:
     return [x.decode() if isinstance(x, bytes) else bool(x) for x in raw]
 
@@ -247,11 +251,11 @@ class Broker:
         """Record the namespace's environment on first use; return the one recorded."""
         await self.aio.hsetnx(self.keys.meta, "environment", environment)
         found = await self.aio.hget(self.keys.meta, "environment")
-        return found.decode() if found else environment
+        return _str(found) if found else environment
 
     def environment(self) -> str | None:
         found = self.sync.hget(self.keys.meta, "environment")
-        return found.decode() if found else None
+        return _str(found) if found else None
 
     async def heartbeat_server(self, server_id: str, info: dict[str, Any], ttl_s: float) -> None:
         ttl_ms = int(ttl_s * 1000)
@@ -300,9 +304,9 @@ class Broker:
         Returns (specs, exact)."""
         jobs = self.keys.queue(queue).jobs
         if self.sync.hlen(jobs) <= size:
-            return list(self.sync.hvals(jobs)), True
-        flat = self.sync.hrandfield(jobs, size, withvalues=True)
-        return list(flat[1::2]), False
+            return [x if isinstance(x, bytes) else x.encode() for x in self.sync.hvals(jobs)], True
+        flat: Any = self.sync.hrandfield(jobs, size, withvalues=True)
+        return [bytes(x) for x in flat[1::2]], False
 
     async def oldest_enqueued_ms(self, queue: str) -> int | None:
         """Enqueue time of the job that has waited longest in ``pending`` (for starvation bounds)."""
@@ -314,8 +318,8 @@ class Broker:
         return int(orjson.loads(raw)["e"]) if raw else None
 
     def job_spec(self, queue: str, job_id: str) -> bytes | None:
-        raw: bytes | None = self.sync.hget(self.keys.queue(queue).jobs, job_id)
-        return raw
+        raw: Any = self.sync.hget(self.keys.queue(queue).jobs, job_id)
+        return bytes(raw) if raw is not None else None
 
     def attempts(self, queue: str, job_id: str) -> int:
         raw = self.sync.hget(self.keys.queue(queue).attempts, job_id)
@@ -345,7 +349,7 @@ class Broker:
 
     def lease_token(self, queue: str, job_id: str) -> str | None:
         raw = self.sync.hget(self.keys.queue(queue).lease, job_id)
-        return raw.decode() if raw else None
+        return _str(raw) if raw else None
 
     def lease_alive(self, queue: str, job_id: str, token: str) -> bool:
         """Whether attempt ``token`` of the job still holds a live lease."""

@@ -26,7 +26,7 @@ class QueueSet:
     async def names(self) -> list[str]:
         if time.monotonic() - self._at > self.refresh_s:
             raw = await self.broker.aio.smembers(self.broker.keys.queues)
-            self._names = sorted({*self.own, *(x.decode() for x in raw)})
+            self._names = sorted({*self.own, *(x.decode() if isinstance(x, bytes) else str(x) for x in raw)})
             self._at = time.monotonic()
         return self._names
 

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+from typing import Any
 
 from ringfence.app import App
 from ringfence.errors import ConfigError, EnvironmentMismatch
@@ -93,7 +94,7 @@ class Worker:
                 "(RINGFENCE_ENV, RINGFENCE_NAMESPACE)"
             )
 
-    def _serve_metrics(self) -> object | None:
+    def _serve_metrics(self) -> Any:
         if self.metrics_port is None:
             return None
         broker = self.broker
