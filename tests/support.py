@@ -65,3 +65,25 @@ def wait_until(check: Callable[[], Any], timeout: float = 20.0, interval: float 
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s: {check}")
+
+
+DATABASES = {
+    "sqlite": None,
+    "postgresql": "postgresql+psycopg://root@127.0.0.1:5432/test",
+    "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
+}
+
+
+def database_url(name: str, tmp_path: Path) -> str:
+    """The URL of database ``name`` (a fresh SQLite file for "sqlite"), checked to answer."""
+    from sqlalchemy import create_engine, text
+
+    url = DATABASES[name] or f"sqlite:///{tmp_path}/app.db"
+    try:
+        engine = create_engine(url)
+        with engine.connect() as c:
+            c.execute(text("select 1"))
+        engine.dispose()
+    except Exception as exc:
+        service_missing(name, str(exc))
+    return url

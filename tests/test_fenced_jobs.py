@@ -7,29 +7,18 @@ import os
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import create_engine, func, insert, select, text
+from sqlalchemy import func, insert, select
 
 from ringfence.cli import main as cli
-from support import service_missing, wait_until
+from support import DATABASES, database_url, wait_until
 
 pytestmark = pytest.mark.slow
 
-DATABASES = {
-    "sqlite": None,
-    "postgresql": "postgresql+psycopg://root@127.0.0.1:5432/test",
-    "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
-}
 
 
 @pytest.fixture(params=list(DATABASES))
 def fence_url(request, tmp_path) -> str:
-    url = DATABASES[request.param] or f"sqlite:///{tmp_path}/fence.db"
-    try:
-        with create_engine(url).connect() as c:
-            c.execute(text("select 1"))
-    except Exception as exc:
-        service_missing(request.param, str(exc))
-    return url
+    return database_url(request.param, tmp_path)
 
 
 @pytest.fixture

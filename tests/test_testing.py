@@ -5,13 +5,11 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, func, insert, select, text
+from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
 
 from ringfence import InDoubt
 from ringfence.testing import assert_second_run_empty, run_job
-from support import service_missing
-
-DATABASES = {"sqlite": None, "postgresql": "postgresql+psycopg://root@127.0.0.1:5432/test"}
+from support import database_url
 
 
 class Provider:
@@ -31,15 +29,9 @@ class Provider:
         return ref
 
 
-@pytest.fixture(params=list(DATABASES))
+@pytest.fixture(params=["sqlite", "postgresql"])
 def fence_url(request, tmp_path) -> str:
-    url = DATABASES[request.param] or f"sqlite:///{tmp_path}/app.db"
-    try:
-        with create_engine(url).connect() as c:
-            c.execute(text("select 1"))
-    except Exception as exc:
-        service_missing(request.param, str(exc))
-    return url
+    return database_url(request.param, tmp_path)
 
 
 @pytest.fixture
