@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import redis
 
-from ringfence import App, WorkerSettings
-from support import WorkerProc, service_missing, wait_until  # noqa: F401 (re-exported for tests)
+from ringfence import App
+from support import FAST, WorkerProc, service_missing, wait_until  # noqa: F401 (re-exported for tests)
 
 REDIS_URL = os.environ.get("RINGFENCE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -37,8 +37,6 @@ def namespace(redis_url: str) -> Iterator[str]:
         r.delete(*keys)
 
 
-FAST = WorkerSettings(lease_s=2.0, heartbeat_s=0.5, recover_interval_s=0.5, promote_interval_s=0.1,
-                      shutdown_timeout_s=3.0, server_ttl_s=3.0)
 
 
 @pytest.fixture

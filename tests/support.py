@@ -13,8 +13,14 @@ from typing import Any
 
 import pytest
 
+from ringfence import WorkerSettings
+
 REQUIRE = os.environ.get("RINGFENCE_REQUIRE_SERVICES") == "1" or os.environ.get("CI") == "true"
 ROOT = Path(__file__).resolve().parent.parent
+
+# Short leases and intervals so crash and retry tests finish in seconds.
+FAST = WorkerSettings(lease_s=2.0, heartbeat_s=0.5, recover_interval_s=0.5, promote_interval_s=0.1,
+                      shutdown_timeout_s=3.0, server_ttl_s=3.0)
 
 
 def service_missing(name: str, why: str) -> None:

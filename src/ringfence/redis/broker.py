@@ -9,6 +9,7 @@ simulate it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -398,11 +399,24 @@ class Waker:
 
     async def wait(self, timeout_s: float) -> bool:
         """True when woken by a message, False on timeout. Drains queued messages."""
+        if self._pubsub is None:
+            await self.start()
         msg = await self._pubsub.get_message(timeout=timeout_s)
         woke = msg is not None
         while msg is not None:
             msg = await self._pubsub.get_message(timeout=0)
         return woke
+
+    async def restart(self) -> None:
+        """Subscribe again after a lost connection (errors are left for the next cycle to report)."""
+        old, self._pubsub = self._pubsub, None
+        if old is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                await old.aclose()
+        try:
+            await self.start()
+        except (redis.RedisError, OSError):
+            self._pubsub = None
 
     async def close(self) -> None:
         if self._pubsub is not None:

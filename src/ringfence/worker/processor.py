@@ -126,21 +126,35 @@ class Processor:
     async def run(self) -> None:
         await self.waker.start()
         self._acker = asyncio.create_task(self._ack_loop(), name="acker")
+        backoff = 0.1
         while not self.stopping.is_set():
-            free = self.concurrency - len(self.running)
-            if free <= 0:
-                self._slot.clear()
-                await self._until(self._slot.wait())
-                continue
-            if await self._fetch(free):
-                continue
-            if self._unmark is not None:
-                await self._unmark  # never let a late "busy" erase the new idle mark
-            await self.waker.mark_idle(self.settings.heartbeat_s + 1)
-            if not await self._fetch(free):
-                await self._until(self.waker.wait(self.settings.heartbeat_s))
-            # Clear the idle mark off the wake-up path: the next fetch need not wait for it.
-            self._unmark = asyncio.create_task(self.waker.mark_busy())
+            try:
+                await self._cycle()
+                backoff = 0.1
+            except Exception:
+                # Redis went away (restart, failover, network): running jobs go on; fetching resumes when
+                # it answers again. Leases cover the gap.
+                log.exception("fetch loop: Redis error; retrying in %.1fs", backoff)
+                await self._until(asyncio.sleep(backoff))
+                backoff = min(backoff * 2, 5.0)
+                await self.waker.restart()
+
+    async def _cycle(self) -> None:
+        free = self.concurrency - len(self.running)
+        if free <= 0:
+            self._slot.clear()
+            await self._until(self._slot.wait())
+            return
+        if await self._fetch(free):
+            return
+        if self._unmark is not None:
+            unmark, self._unmark = self._unmark, None
+            await unmark  # never let a late "busy" erase the new idle mark
+        await self.waker.mark_idle(self.settings.heartbeat_s + 1)
+        if not await self._fetch(free):
+            await self._until(self.waker.wait(self.settings.heartbeat_s))
+        # Clear the idle mark off the wake-up path: the next fetch need not wait for it.
+        self._unmark = asyncio.create_task(self.waker.mark_busy())
 
     async def _until(self, aw: Any) -> None:
         """Await ``aw`` unless the worker is asked to stop first."""
@@ -150,6 +164,9 @@ class Processor:
         for t in (waiter, stop):
             if not t.done():
                 t.cancel()
+        error = waiter.exception() if waiter.done() and not waiter.cancelled() else None
+        if error is not None:
+            raise error
 
     async def _order(self) -> list[str]:
         order = weighted_order(self.queues, self.strict)
@@ -383,12 +400,24 @@ class Processor:
         while True:
             await self._ack_ready.wait()
             self._ack_ready.clear()
-            await self.flush_acks()
+            try:
+                await self.flush_acks()
+            except Exception:
+                log.exception("acks failed; retrying in 0.5s (the jobs keep their leases meanwhile)")
+                await asyncio.sleep(0.5)
+                self._ack_ready.set()
 
     async def flush_acks(self) -> None:
         pending, self._acks = self._acks, defaultdict(list)
-        for queue, pairs in pending.items():
-            lost = await self.broker.arun(self.broker.ack(queue, pairs))
+        for queue in list(pending):
+            pairs = pending[queue]
+            try:
+                lost = await self.broker.arun(self.broker.ack(queue, pairs))
+            except BaseException:
+                for q, left in pending.items():  # keep what was not acked for the next flush
+                    self._acks[q].extend(left)
+                raise
+            del pending[queue]
             if lost:
                 log.warning("ack of %d job(s) in %s refused: their lease had moved to another attempt: %s",
                             len(lost), queue, " ".join(lost[:10]))

@@ -1,0 +1,315 @@
+"""The ``fence`` figure of ``python -m ringfence.bench --only fence``: fenced no-op effects on PostgreSQL.
+
+A fenced job opens ``ctx.fence(subject, "noop", params=...)``, runs ``step.effect`` with a no-op effect and
+completes with ``step.complete(engine)`` writing nothing else: the whole cost is the fence's. Figures:
+
+- jobs/s of ``sizes.fence`` fenced jobs drained by 1 and 2 real worker processes, ``sync def`` (thread pool)
+  and ``async def`` handlers, each against the same number of plain no-op jobs of the same kind, drains
+  interleaved (plain, fenced, plain, fenced, ...) so drift of the shared machine hits both;
+- the cost per job: wall ms (1000/fenced - 1000/plain jobs/s per process) and worker CPU ms per job;
+- the database round trips of one fenced job, counted on the wire (libpq trace: one ``ReadyForQuery`` per
+  round trip), with the statements, and the in-process latency of one fenced job run alone.
+
+The fence table lives in a private database ``ringfence_bench_<hex>`` created on the server of
+``--fence-url`` (default ``$RINGFENCE_BENCH_FENCE_URL`` or ``postgresql+psycopg://root@127.0.0.1:5432/test``)
+and dropped at the end, so a shared server keeps nothing of the run. Subjects are ``bench-<hex>:order:<n>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import Engine, make_url
+
+from ringfence.tasks import JobContext
+
+if TYPE_CHECKING:
+    from ringfence.bench import Bench
+
+DEFAULT_FENCE_URL = "postgresql+psycopg://root@127.0.0.1:5432/test"
+STEP = "noop"
+
+
+# -- the handlers (registered by ringfence.bench.build_app) --------------------------------------------
+def _engine(ctx: JobContext) -> Engine:
+    """The fence store's own engine: the fence table lives in the database the job writes to."""
+    engine: Engine = ctx.fencing.app.fence_store.engine
+    return engine
+
+
+def fenced_sync(ctx: JobContext, run: str, n: int) -> None:
+    """A fenced no-op effect, ``sync def`` (runs in the worker's thread pool)."""
+    with ctx.fence(f"{run}:order:{n}", STEP, params={"n": n}) as step:
+        if step.done:
+            return
+        step.effect(lambda: f"noop-{n}")
+        with step.complete(_engine(ctx)):
+            pass  # no local writes: the completion UPDATE alone
+
+
+async def fenced_async(ctx: JobContext, run: str, n: int) -> None:
+    """The same, ``async def``: the store calls run in ``asyncio.to_thread``; ``complete`` with a sync Engine
+    runs its transaction on the loop's thread (as in tests/fenceapp.py)."""
+    async with ctx.fence(f"{run}:order:{n}", STEP, params={"n": n}) as step:
+        if step.done:
+            return
+        await step.effect(lambda: f"noop-{n}")
+        async with step.complete(_engine(ctx)):
+            pass
+
+
+def noop_sync(ctx: JobContext, run: str, n: int) -> None:
+    """The plain ``sync def`` no-op the sync fenced drain is compared with (same payload)."""
+
+
+async def noop_async(ctx: JobContext, run: str, n: int) -> None:
+    """The plain ``async def`` no-op the async fenced drain is compared with (same payload)."""
+
+
+KINDS = {  # kind -> (fenced task, plain task)
+    "sync": ("bench.fenced_sync", "bench.noop_sync"),
+    "async": ("bench.fenced_async", "bench.noop_async"),
+}
+
+
+# -- a private database ----------------------------------------------------------------------------------
+@contextmanager
+def private_database(base_url: str) -> Iterator[str]:
+    """CREATE DATABASE ringfence_bench_<hex> on ``base_url``'s server; yield its URL; DROP it at the end."""
+    base = make_url(base_url)
+    if base.get_backend_name() != "postgresql":
+        raise SystemExit(f"--fence-url: the fence figure needs PostgreSQL, got {base.get_backend_name()}")
+    name = f"ringfence_bench_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        try:
+            yield base.set(database=name).render_as_string(hide_password=False)
+        finally:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.dispose()
+
+
+# -- counting round trips on the wire --------------------------------------------------------------------
+@contextmanager
+def wire_trace(engine: Engine) -> Iterator[list[str]]:
+    """libpq's protocol trace of every connection checked out of ``engine`` inside the block.
+
+    Yields a list filled at exit with one line per round trip: the statement(s) the client sent before
+    the server's ``ReadyForQuery``. Needs psycopg 3 (``pgconn.trace``)."""
+    from psycopg import pq
+
+    fd, path = tempfile.mkstemp(prefix="ringfence-bench-pgtrace-")
+    trips: list[str] = []
+
+    def checkout(dbapi_conn: Any, record: Any, proxy: Any) -> None:
+        dbapi_conn.pgconn.trace(fd)
+        dbapi_conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+
+    def checkin(dbapi_conn: Any, record: Any) -> None:
+        if dbapi_conn is not None:
+            dbapi_conn.pgconn.untrace()
+
+    event.listen(engine, "checkout", checkout)
+    event.listen(engine, "checkin", checkin)
+    try:
+        yield trips
+    finally:
+        event.remove(engine, "checkout", checkout)
+        event.remove(engine, "checkin", checkin)
+        os.close(fd)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            sent: list[str] = []
+            for line in f:
+                parts = line.rstrip("\n").split("\t")
+                if len(parts) < 4:
+                    continue
+                direction, kind, body = parts[0], parts[2], parts[3].strip()
+                if direction == "F" and kind in ("Query", "Parse"):
+                    sent.append(_statement(body))
+                elif direction == "B" and kind == "ReadyForQuery":
+                    trips.append(" + ".join(sent) or "(sync)")
+                    sent = []
+        os.unlink(path)
+
+
+def _statement(body: str) -> str:
+    """A short label for a traced statement: its first words (``Parse`` bodies start with "" "SQL")."""
+    sql = body.split('"')
+    words = (sql[3] if body.startswith('""') and len(sql) > 3 else sql[1] if len(sql) > 1 else body).split()
+    if not words:
+        return "?"
+    head = words[0].upper()
+    if head == "UPDATE" and "SET" in (w.upper() for w in words):
+        sets = words[[w.upper() for w in words].index("SET") + 1:]
+        return "UPDATE SET " + " ".join(sets[:3]).rstrip(",")
+    return head
+
+
+# -- the figure ------------------------------------------------------------------------------------------
+def _cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes so far (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+        except (OSError, IndexError, ValueError):
+            return float("nan")
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _context(app: Any, task: Any, fencing: Any) -> JobContext:
+    token = f"bench-{uuid.uuid4().hex}"
+    fencing.live.add(token)
+    return JobContext(id=uuid.uuid4().hex, task=task.name, queue=task.options.queue, attempt=1,
+                      max_attempts=task.options.retry.max_attempts, enqueued_ms=int(time.time() * 1000),
+                      token=token, timeout_s=task.options.timeout_s, fencing=fencing)
+
+
+def in_process(bench: Bench, fence_url: str, run: str, jobs: int) -> dict[str, Any]:
+    """Round trips of one fenced job (on the wire) and the latency of one fenced job run alone."""
+    from ringfence.bench import build_app
+    from ringfence.testing import TestFencing
+
+    app = build_app(bench.url, fence_url=fence_url)
+    fencing = TestFencing(app)
+    engine = app.fence_store.engine
+    out: dict[str, Any] = {}
+    try:
+        for kind, (fenced_name, _) in KINDS.items():
+            task = app.registry.get(fenced_name)
+            assert task is not None
+
+            def once(n: int, task: Any = task) -> None:
+                ctx = _context(app, task, fencing)
+                try:
+                    if task.is_async:
+                        asyncio.run(task.fn(ctx, run=f"{run}-inproc-{kind}", n=n))
+                    else:
+                        task.fn(ctx, run=f"{run}-inproc-{kind}", n=n)
+                finally:
+                    fencing.live.discard(ctx.token)
+
+            once(-1)  # connect, warm the pool and the statement caches
+            with wire_trace(engine) as trips:
+                once(0)
+            out[f"fence_{kind}_round_trips"] = len(trips)
+            out[f"fence_{kind}_trips"] = trips
+            # Second run of the same job's subject: the fence is done, what does the rerun cost?
+            with wire_trace(engine) as again:
+                once(0)
+            out[f"fence_{kind}_rerun_round_trips"] = len(again)
+
+            async def many(task: Any = task, kind: str = kind) -> list[float]:
+                times = []
+                for n in range(1, jobs + 1):
+                    ctx = _context(app, task, fencing)
+                    t0 = time.perf_counter()
+                    await task.fn(ctx, run=f"{run}-inproc-{kind}", n=n)
+                    times.append((time.perf_counter() - t0) * 1000)
+                    fencing.live.discard(ctx.token)
+                return times
+
+            if task.is_async:
+                times = asyncio.run(many())
+            else:
+                times = []
+                for n in range(1, jobs + 1):
+                    ctx = _context(app, task, fencing)
+                    t0 = time.perf_counter()
+                    task.fn(ctx, run=f"{run}-inproc-{kind}", n=n)
+                    times.append((time.perf_counter() - t0) * 1000)
+                    fencing.live.discard(ctx.token)
+            out[f"fence_{kind}_alone_ms"] = statistics.median(times)
+        with engine.connect() as conn:  # what one round trip costs here
+            rtts = []
+            for _ in range(200):
+                t0 = time.perf_counter()
+                conn.exec_driver_sql("SELECT 1")
+                rtts.append((time.perf_counter() - t0) * 1000)
+            out["pg_round_trip_ms"] = statistics.median(rtts)
+            out["pg_settings"] = {k: conn.exec_driver_sql(f"SHOW {k}").scalar() for k in
+                                  ("server_version", "synchronous_commit", "fsync")}
+    finally:
+        engine.dispose()
+        app.close()
+    return out
+
+
+def enqueue_fence_jobs(bench: Bench, task_name: str, run: str, n: int) -> None:
+    task, batch = bench.task(task_name), bench.sizes.batch
+    for start in range(0, n, batch):
+        bench.app.enqueue_many(task, [{"run": run, "n": i} for i in range(start, min(n, start + batch))])
+
+
+def drain(bench: Bench, task_name: str, run: str, workers: int) -> tuple[float, float]:
+    """Fill the paused queue with ``sizes.fence`` jobs of ``task_name``, drain them; (jobs/s, CPU ms/job)."""
+    from ringfence.bench import QUEUE
+
+    n = bench.sizes.fence
+    bench.broker.set_paused(QUEUE, True)
+    enqueue_fence_jobs(bench, task_name, run, n)
+    rate = bench.timed_drain(workers, n + 1)
+    return rate, bench.last_drain_cpu_s * 1000 / max(1, bench.last_drain_jobs)
+
+
+def fig_fence(bench: Bench, base_url: str) -> None:
+    from ringfence.bench import say
+
+    s, r = bench.sizes, bench.results
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    with private_database(base_url) as url:
+        from ringfence.fence import FenceStore
+
+        store = FenceStore(url)
+        store.create_all()
+        say(f"  private database {make_url(url).database}; subjects {prefix}-*:order:<n>")
+        r.update(in_process(bench, url, prefix, s.fence_alone))
+        for kind in KINDS:
+            say(f"  one {kind} fenced job: {r[f'fence_{kind}_round_trips']} round trips, "
+                f"{r[f'fence_{kind}_alone_ms']:.2f} ms alone")
+        bench.reset()
+        bench.worker_env = {"RINGFENCE_FENCE_URL": url}
+        try:
+            for kind, (fenced_name, plain_name) in KINDS.items():
+                for workers in (1, 2):
+                    fenced, plain, fcpu, pcpu = [], [], [], []
+                    for rep in range(s.fence_reps):
+                        rate, cpu = drain(bench, plain_name, f"{prefix}-p{kind}{workers}{rep}", workers)
+                        plain.append(rate)
+                        pcpu.append(cpu)
+                        rate, cpu = drain(bench, fenced_name, f"{prefix}-{kind}{workers}{rep}", workers)
+                        fenced.append(rate)
+                        fcpu.append(cpu)
+                        say(f"  {kind}, {workers} process(es): fenced {fenced[-1]:,.0f} jobs/s "
+                            f"({fcpu[-1]:.3f} CPU ms/job), plain {plain[-1]:,.0f} jobs/s ({pcpu[-1]:.3f})")
+                    key = f"fence_{kind}_{workers}"
+                    f_med, p_med = statistics.median(fenced), statistics.median(plain)
+                    r.update({
+                        f"{key}_jobs_s": f_med, f"{key}_plain_jobs_s": p_med,
+                        f"{key}_runs": [round(x) for x in fenced], f"{key}_plain_runs": [round(x) for x in plain],
+                        # wall time one process spends per job, fenced minus plain
+                        f"{key}_cost_ms": (1000 / f_med - 1000 / p_med) * workers,
+                        f"{key}_cpu_ms": statistics.median(fcpu), f"{key}_plain_cpu_ms": statistics.median(pcpu),
+                    })
+            with store.engine.connect() as conn:
+                rows = conn.execute(text(f"SELECT count(*) FROM {store.table.name} WHERE state = 'completed'"))
+                r["fence_rows_completed"] = rows.scalar()
+        finally:
+            bench.worker_env = {}
+            store.engine.dispose()
+    r["fence_jobs"] = s.fence
