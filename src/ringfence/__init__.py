@@ -6,6 +6,7 @@ Importing this package starts nothing.
 from ringfence.app import App
 from ringfence.errors import (
     ConfigError,
+    DuplicateJob,
     FenceBusy,
     FenceConflict,
     FencedOut,
@@ -13,18 +14,21 @@ from ringfence.errors import (
     InDoubt,
     LeaseLost,
     PayloadError,
+    PayloadTooNew,
     Permanent,
     RetryLater,
     RingfenceError,
 )
 from ringfence.models import DeadJob
-from ringfence.settings import RetryPolicy, WorkerSettings
+from ringfence.settings import BreakerPolicy, RetryPolicy, WorkerSettings
 from ringfence.tasks import JobContext, Task
 
 __all__ = [
     "App",
+    "BreakerPolicy",
     "ConfigError",
     "DeadJob",
+    "DuplicateJob",
     "FenceBusy",
     "FenceConflict",
     "FenceError",
@@ -33,6 +37,7 @@ __all__ = [
     "JobContext",
     "LeaseLost",
     "PayloadError",
+    "PayloadTooNew",
     "Permanent",
     "RetryLater",
     "RetryPolicy",
