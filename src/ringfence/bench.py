@@ -10,6 +10,8 @@ also defines the app they serve (importing it starts nothing). Figures:
 - ``memory``   Redis bytes per queued no-op job (``used_memory`` before/after 100,000 jobs)
 - ``backlog``  drain jobs/s of the first 20,000 of 1,000,000 pending, against the same drain on an empty queue
 - ``sigkill``  seconds until a job whose worker was SIGKILLed mid-job starts again (default settings)
+- ``fence``    opt-in (``--only fence``, needs PostgreSQL): fenced no-op effects vs plain no-op jobs, 1 and 2
+               processes, sync and async handlers; round trips and ms per fenced job (``ringfence.bench_fence``)
 
 How a drain is timed: the jobs are enqueued into a paused queue, the workers start and go idle, the queue is
 unpaused and one more job is enqueued, whose wake-up message starts every worker at once. The clock runs
@@ -36,6 +38,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from ringfence import bench_fence
 from ringfence.app import App
 from ringfence.redis.embedded import EmbeddedRedis, free_port
 from ringfence.tasks import JobContext, Task
@@ -64,12 +67,15 @@ async def sleeper(ctx: JobContext, seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
-def build_app(redis_url: str | None = None) -> App:
-    """The bench app with default settings. Names are explicit: under ``-m`` this module is ``__main__``."""
-    bench = App(redis_url)
+def build_app(redis_url: str | None = None, fence_url: str | None = None) -> App:
+    """The bench app with default settings. Names are explicit: under ``-m`` this module is ``__main__``.
+    The fence figure's workers get their database from ``RINGFENCE_FENCE_URL``."""
+    bench = App(redis_url, fence_url=fence_url)
     bench.task(name="bench.noop", queue=QUEUE)(noop)
     bench.task(name="bench.probe", queue=QUEUE)(probe)
     bench.task(name="bench.sleeper", queue=QUEUE)(sleeper)
+    for fn in (bench_fence.fenced_sync, bench_fence.fenced_async, bench_fence.noop_sync, bench_fence.noop_async):
+        bench.task(name=f"bench.{fn.__name__}", queue=QUEUE)(fn)
     return bench
 
 
@@ -89,10 +95,15 @@ class Sizes:
     memory: int = 100_000         # jobs whose memory is measured
     backlog: int = 1_000_000      # pending jobs of the backlog figure
     concurrency: int = 10         # --concurrency of every worker (the CLI default)
+    fence: int = 5_000            # jobs per drain of the fence figure (fenced, and plain for comparison)
+    fence_reps: int = 3           # interleaved plain/fenced drain pairs per fence figure; medians reported
+    fence_alone: int = 300        # fenced jobs run one after another in-process (latency of one job)
 
 
-QUICK = Sizes(single=2_000, bulk=30_000, drain=5_000, reps=1, latency_s=3.0, memory=20_000, backlog=100_000)
-FIGURES = ("enqueue", "drain", "latency", "memory", "backlog", "sigkill")
+QUICK = Sizes(single=2_000, bulk=30_000, drain=5_000, reps=1, latency_s=3.0, memory=20_000, backlog=100_000,
+              fence=1_000, fence_reps=1, fence_alone=50)
+FIGURES = ("enqueue", "drain", "latency", "memory", "backlog", "sigkill", "fence")
+OPT_IN = ("fence",)  # needs PostgreSQL: only with --only
 QUICK_SKIPS = ("sigkill",)  # ~20 s of waiting for a lease to expire does not fit a 30-second run
 
 
@@ -146,6 +157,11 @@ class Bench:
         self.broker = self.app.broker
         self.results: dict[str, Any] = {}
         self._workers = 0
+        self.worker_env: dict[str, str] = {}  # extra environment of the worker processes
+        self.last_drain_cpu_s = 0.0            # worker CPU (user + system) over the last timed drain
+        self.last_drain_jobs = 0               # jobs acked in that interval
+        self.last_drain_busy_cores = 0.0       # busy cores of the whole machine over that interval
+        self.fence_url = bench_fence.DEFAULT_FENCE_URL
 
     def task(self, name: str) -> Task:
         found = self.app.registry.get(name)
@@ -167,7 +183,7 @@ class Bench:
     @contextmanager
     def workers(self, n: int, queue: str = QUEUE) -> Iterator[list[subprocess.Popen[bytes]]]:
         """``n`` real worker processes, stopped with SIGTERM (then SIGKILL) on exit."""
-        env = {**os.environ, "RINGFENCE_REDIS_URL": self.url}
+        env = {**os.environ, "RINGFENCE_REDIS_URL": self.url, **self.worker_env}
         procs = []
         for _ in range(n):
             self._workers += 1
@@ -217,10 +233,15 @@ class Bench:
             self.task("bench.noop").with_options(queue=queue).enqueue()
             goal = before + jobs
             self.wait_for("the first ack", lambda: self.processed(queue) > before, procs=procs)
-            t0, p0 = time.perf_counter(), self.processed(queue)
+            pids = [p.pid for p in procs]
+            t0, p0, c0, m0 = (time.perf_counter(), self.processed(queue), bench_fence.proc_cpu_s(pids),
+                              bench_fence.machine_busy_s())
             self.wait_for(f"{jobs} acks", lambda: self.processed(queue) >= goal, timeout_s=300, procs=procs)
-            t1, p1 = time.perf_counter(), self.processed(queue)
+            t1, p1, c1, m1 = (time.perf_counter(), self.processed(queue), bench_fence.proc_cpu_s(pids),
+                              bench_fence.machine_busy_s())
             self.broker.set_paused(queue, True)
+        self.last_drain_cpu_s, self.last_drain_jobs = c1 - c0, p1 - p0
+        self.last_drain_busy_cores = (m1 - m0) / (t1 - t0)
         return (p1 - p0) / (t1 - t0)
 
     def drain_empty(self, n_workers: int) -> float:
@@ -317,6 +338,12 @@ class Bench:
         self.wait_for("the probes", lambda: self.broker.sync.llen(LATENCY_KEY) >= start + n, procs=procs)
         return n, achieved
 
+    def build_app(self, fence_url: str | None = None) -> App:
+        return build_app(self.url, fence_url=fence_url)
+
+    def fig_fence(self) -> None:
+        bench_fence.fig_fence(self, self.fence_url)
+
     def fig_sigkill(self) -> None:
         self.reset()
         with self.workers(1) as first:
@@ -363,6 +390,19 @@ ROWS = (
     ("drain_backlog_empty_jobs_s", "drain, 1 process, empty (interleaved runs)", "{:,.0f} jobs/s"),
     ("drain_backlog_ratio", "  backlog / empty", "{:.2f}"),
     ("sigkill_recovery_s", "SIGKILL to the job's next start", "{:.1f} s"),
+    *((f"fence_{kind}_{n}_{what}", f"{label}{kind}, {n} process{'es' if n > 1 else ''}", fmt)
+      for kind in ("sync", "async") for n in (1, 2)
+      for what, label, fmt in (("jobs_s", "fenced no-op, ", "{:,.0f} jobs/s"),
+                               ("plain_jobs_s", "  plain no-op, ", "{:,.0f} jobs/s"),
+                               ("cost_ms", "  fence wall ms/job/process, ", "{:.2f} ms"),
+                               ("cpu_ms", "  worker CPU ms/job fenced, ", "{:.3f} ms"),
+                               ("plain_cpu_ms", "  worker CPU ms/job plain, ", "{:.3f} ms"),
+                               ("busy_cores", "  machine cores busy, fenced, ", "{:.2f}"))),
+    *((f"fence_{kind}_{what}", f"{label}{kind}", fmt) for kind in ("sync", "async")
+      for what, label, fmt in (("round_trips", "DB round trips, one fenced job, ", "{}"),
+                               ("rerun_round_trips", "DB round trips, rerun of a done job, ", "{}"),
+                               ("alone_ms", "one fenced job alone (in-process), ", "{:.2f} ms"))),
+    ("pg_round_trip_ms", "PostgreSQL round trip (SELECT 1)", "{:.3f} ms"),
 )
 
 
@@ -378,10 +418,20 @@ def verdicts(results: dict[str, Any], skipped: set[str]) -> list[dict[str, str]]
 def report(meta: dict[str, Any], results: dict[str, Any], targets: list[dict[str, str]]) -> str:
     lines = [f"ringfence bench ({meta['mode']}): redis-server {meta['redis']}, {meta['cores']} cores, "
              f"Python {meta['python']}, worker --concurrency {meta['concurrency']}", ""]
-    lines += [f"  {label:<42} {fmt.format(results[key])}" for key, label, fmt in ROWS if key in results]
+    rows = [(label, fmt.format(results[key])) for key, label, fmt in ROWS if key in results]
+    width = max((len(label) for label, _ in rows), default=0)
+    lines += [f"  {label:<{width}} {value}" for label, value in rows]
     if "backlog_jobs" in results:
         lines.append(f"  (backlog: {results['backlog_jobs']:,} pending; drains of {meta['drain']:,} jobs, "
                      f"median of {meta['reps']})")
+    for kind in ("sync", "async"):
+        if f"fence_{kind}_trips" in results:
+            lines.append(f"  ({kind} fenced job, one [transaction] each, r = rolled back: "
+                         f"{results[f'fence_{kind}_transactions']}; "
+                         f"rerun of a done one: {results[f'fence_{kind}_rerun_transactions']})")
+    if "pg_settings" in results:
+        lines.append(f"  (PostgreSQL: {results['pg_settings']}; {meta['fence']:,} jobs per drain, medians of "
+                     f"{meta['fence_reps']} interleaved plain/fenced pairs)")
     lines += ["", "targets:"] + [f"  {t['status']:<5} {t['target']}" for t in targets]
     return "\n".join(lines)
 
@@ -390,14 +440,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ringfence.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, no SIGKILL figure (about 30 s)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
-    ap.add_argument("--only", help=f"comma-separated subset of {','.join(FIGURES)}")
+    ap.add_argument("--only", help=f"comma-separated subset of {','.join(FIGURES)} ({','.join(OPT_IN)}: only here)")
+    ap.add_argument("--fence-url", default=os.environ.get("RINGFENCE_BENCH_FENCE_URL", bench_fence.DEFAULT_FENCE_URL),
+                    help="PostgreSQL server of the fence figure; a private database is created on it and dropped "
+                         "(default $RINGFENCE_BENCH_FENCE_URL or %(default)s)")
+    ap.add_argument("--fence-jobs", type=int, help="jobs per drain of the fence figure (default 5,000)")
     ap.add_argument("--concurrency", type=int, help="worker --concurrency (default 10)")
     ap.add_argument("--reps", type=int, help="drain runs per figure (median reported)")
     ap.add_argument("--backlog", type=int, help="pending jobs of the backlog figure (default 1,000,000)")
     args = ap.parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
     overrides = {k: v for k, v in (("concurrency", args.concurrency), ("reps", args.reps),
-                                   ("backlog", args.backlog)) if v is not None}
+                                   ("backlog", args.backlog), ("fence", args.fence_jobs)) if v is not None}
     sizes = replace(sizes, **overrides)
     if args.only:
         unknown = set(args.only.split(",")) - set(FIGURES)
@@ -405,10 +459,11 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--only: unknown figure(s) {','.join(sorted(unknown))}")
         skipped = set(FIGURES) - set(args.only.split(","))
     else:
-        skipped = set(QUICK_SKIPS) if args.quick else set()
+        skipped = set(QUICK_SKIPS + OPT_IN) if args.quick else set(OPT_IN)
     server = EmbeddedRedis.temporary(port=free_port())
     try:
         bench = Bench(server.url, sizes, tempfile.mkdtemp(prefix="ringfence-bench-"))
+        bench.fence_url = args.fence_url
         say(f"private redis-server at {server.url}; worker logs in {bench.log_dir}")
         for figure in FIGURES:
             if figure not in skipped:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -146,20 +148,49 @@ def wire_trace(engine: Engine) -> Iterator[list[str]]:
 
 
 def _statement(body: str) -> str:
-    """A short label for a traced statement: its first words (``Parse`` bodies start with "" "SQL")."""
-    sql = body.split('"')
-    words = (sql[3] if body.startswith('""') and len(sql) > 3 else sql[1] if len(sql) > 1 else body).split()
-    if not words:
-        return "?"
-    head = words[0].upper()
-    if head == "UPDATE" and "SET" in (w.upper() for w in words):
-        sets = words[[w.upper() for w in words].index("SET") + 1:]
-        return "UPDATE SET " + " ".join(sets[:3]).rstrip(",")
-    return head
+    """A short label for a traced statement: its verb, and for an UPDATE the columns it sets."""
+    if body.startswith('""'):  # Parse: "<unnamed statement>" "<sql>" ...; a multi-line SQL is cut at its newline
+        body = body[2:].lstrip()
+    sql = body.lstrip('"').split('"', 1)[0]
+    words = sql.split()
+    verb = words[0].upper() if words else "?"
+    if verb == "UPDATE":
+        sets = re.split(r"\bWHERE\b", re.split(r"\bSET\b", sql, maxsplit=1)[-1], maxsplit=1)[0]
+        cols = [c for c in re.findall(r"(\w+)\s*=(?!>)", sets) if c != "updated_at"]
+        return f"UPDATE({','.join(cols)})"
+    return verb
+
+
+def summarize(trips: list[str]) -> str:
+    """``BEGIN, INSERT, COMMIT, ...`` as ``[INSERT] [SELECT] ...``: one bracket per transaction."""
+    out: list[str] = []
+    cur: list[str] = []
+    for t in trips:
+        if t == "BEGIN":
+            cur = []
+        elif t in ("COMMIT", "ROLLBACK"):
+            out.append(f"[{' '.join(cur)}]{'' if t == 'COMMIT' else 'r'}")
+            cur = []
+        else:
+            cur.append(t)
+    if cur:
+        out.append(" ".join(cur))
+    return " ".join(out)
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy so far (all cores; /proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return float("nan")
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 # -- the figure ------------------------------------------------------------------------------------------
-def _cpu_s(pids: list[int]) -> float:
+def proc_cpu_s(pids: list[int]) -> float:
     """User + system CPU seconds of these processes so far (Linux /proc)."""
     total = 0
     for pid in pids:
@@ -172,20 +203,45 @@ def _cpu_s(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def _context(app: Any, task: Any, fencing: Any) -> JobContext:
-    token = f"bench-{uuid.uuid4().hex}"
-    fencing.live.add(token)
-    return JobContext(id=uuid.uuid4().hex, task=task.name, queue=task.options.queue, attempt=1,
-                      max_attempts=task.options.retry.max_attempts, enqueued_ms=int(time.time() * 1000),
-                      token=token, timeout_s=task.options.timeout_s, fencing=fencing)
+def _run_jobs(task: Any, fencing: Any, run: str, ns: range) -> list[float]:
+    """Run jobs ``ns`` of ``task`` one after another in this process (one event loop for async handlers);
+    returns each job's ms."""
+
+    def ctx_for() -> JobContext:
+        token = f"bench-{uuid.uuid4().hex}"
+        fencing.live.add(token)  # this attempt is alive while it runs (TestFencing's liveness probe)
+        return JobContext(id=uuid.uuid4().hex, task=task.name, queue=task.options.queue, attempt=1,
+                          max_attempts=task.options.retry.max_attempts, enqueued_ms=int(time.time() * 1000),
+                          token=token, timeout_s=task.options.timeout_s, fencing=fencing)
+
+    async def all_async() -> list[float]:
+        times = []
+        for n in ns:
+            ctx = ctx_for()
+            t0 = time.perf_counter()
+            await task.fn(ctx, run=run, n=n)
+            times.append((time.perf_counter() - t0) * 1000)
+            fencing.live.discard(ctx.token)
+        return times
+
+    if task.is_async:
+        return asyncio.run(all_async())
+    times = []
+    for n in ns:
+        ctx = ctx_for()
+        t0 = time.perf_counter()
+        task.fn(ctx, run=run, n=n)
+        times.append((time.perf_counter() - t0) * 1000)
+        fencing.live.discard(ctx.token)
+    return times
 
 
-def in_process(bench: Bench, fence_url: str, run: str, jobs: int) -> dict[str, Any]:
-    """Round trips of one fenced job (on the wire) and the latency of one fenced job run alone."""
-    from ringfence.bench import build_app
+def in_process(bench: Bench, fence_url: str, prefix: str, jobs: int) -> dict[str, Any]:
+    """Round trips of one fenced job (on the wire) and the latency of one fenced job run alone, with the
+    worker's fence wiring in-process (``ringfence.testing.TestFencing``)."""
     from ringfence.testing import TestFencing
 
-    app = build_app(bench.url, fence_url=fence_url)
+    app = bench.build_app(fence_url)
     fencing = TestFencing(app)
     engine = app.fence_store.engine
     out: dict[str, Any] = {}
@@ -193,48 +249,19 @@ def in_process(bench: Bench, fence_url: str, run: str, jobs: int) -> dict[str, A
         for kind, (fenced_name, _) in KINDS.items():
             task = app.registry.get(fenced_name)
             assert task is not None
-
-            def once(n: int, task: Any = task) -> None:
-                ctx = _context(app, task, fencing)
-                try:
-                    if task.is_async:
-                        asyncio.run(task.fn(ctx, run=f"{run}-inproc-{kind}", n=n))
-                    else:
-                        task.fn(ctx, run=f"{run}-inproc-{kind}", n=n)
-                finally:
-                    fencing.live.discard(ctx.token)
-
-            once(-1)  # connect, warm the pool and the statement caches
+            run = f"{prefix}-inproc-{kind}"
+            _run_jobs(task, fencing, run, range(-3, 0))  # connect, warm the pool and the statement caches
             with wire_trace(engine) as trips:
-                once(0)
+                _run_jobs(task, fencing, run, range(0, 1))
             out[f"fence_{kind}_round_trips"] = len(trips)
             out[f"fence_{kind}_trips"] = trips
-            # Second run of the same job's subject: the fence is done, what does the rerun cost?
-            with wire_trace(engine) as again:
-                once(0)
+            out[f"fence_{kind}_transactions"] = summarize(trips)
+            with wire_trace(engine) as again:  # a second job on the same subject: the fence is done
+                _run_jobs(task, fencing, run, range(0, 1))
             out[f"fence_{kind}_rerun_round_trips"] = len(again)
-
-            async def many(task: Any = task, kind: str = kind) -> list[float]:
-                times = []
-                for n in range(1, jobs + 1):
-                    ctx = _context(app, task, fencing)
-                    t0 = time.perf_counter()
-                    await task.fn(ctx, run=f"{run}-inproc-{kind}", n=n)
-                    times.append((time.perf_counter() - t0) * 1000)
-                    fencing.live.discard(ctx.token)
-                return times
-
-            if task.is_async:
-                times = asyncio.run(many())
-            else:
-                times = []
-                for n in range(1, jobs + 1):
-                    ctx = _context(app, task, fencing)
-                    t0 = time.perf_counter()
-                    task.fn(ctx, run=f"{run}-inproc-{kind}", n=n)
-                    times.append((time.perf_counter() - t0) * 1000)
-                    fencing.live.discard(ctx.token)
-            out[f"fence_{kind}_alone_ms"] = statistics.median(times)
+            out[f"fence_{kind}_rerun_trips"] = again
+            out[f"fence_{kind}_rerun_transactions"] = summarize(again)
+            out[f"fence_{kind}_alone_ms"] = statistics.median(_run_jobs(task, fencing, run, range(1, jobs + 1)))
         with engine.connect() as conn:  # what one round trip costs here
             rtts = []
             for _ in range(200):
@@ -256,20 +283,28 @@ def enqueue_fence_jobs(bench: Bench, task_name: str, run: str, n: int) -> None:
         bench.app.enqueue_many(task, [{"run": run, "n": i} for i in range(start, min(n, start + batch))])
 
 
-def drain(bench: Bench, task_name: str, run: str, workers: int) -> tuple[float, float]:
-    """Fill the paused queue with ``sizes.fence`` jobs of ``task_name``, drain them; (jobs/s, CPU ms/job)."""
-    from ringfence.bench import QUEUE
-
-    n = bench.sizes.fence
-    bench.broker.set_paused(QUEUE, True)
+def drain(bench: Bench, task_name: str, run: str, workers: int) -> tuple[float, float, float]:
+    """Fill the paused queue with ``sizes.fence`` jobs of ``task_name`` and drain them.
+    Returns (jobs/s, worker CPU ms per job, busy cores of the whole machine during the drain)."""
+    n, queue = bench.sizes.fence, bench.task(task_name).options.queue
+    bench.broker.set_paused(queue, True)
     enqueue_fence_jobs(bench, task_name, run, n)
-    rate = bench.timed_drain(workers, n + 1)
-    return rate, bench.last_drain_cpu_s * 1000 / max(1, bench.last_drain_jobs)
+    rate = bench.timed_drain(workers, n + 1, queue)
+    return rate, bench.last_drain_cpu_s * 1000 / max(1, bench.last_drain_jobs), bench.last_drain_busy_cores
+
+
+def _completed(store: Any, run: str) -> int:
+    """Completed fences of one drain (every fenced job must leave exactly one)."""
+    with store.engine.connect() as conn:
+        q = text(f"SELECT count(*) FROM {store.table.name} WHERE state = 'completed' AND subject LIKE :p")
+        return int(conn.execute(q, {"p": f"{run}:order:%"}).scalar_one())
+
+
+def say(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def fig_fence(bench: Bench, base_url: str) -> None:
-    from ringfence.bench import say
-
     s, r = bench.sizes, bench.results
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     with private_database(base_url) as url:
@@ -287,16 +322,23 @@ def fig_fence(bench: Bench, base_url: str) -> None:
         try:
             for kind, (fenced_name, plain_name) in KINDS.items():
                 for workers in (1, 2):
-                    fenced, plain, fcpu, pcpu = [], [], [], []
+                    fenced, plain, fcpu, pcpu, busy = [], [], [], [], []
                     for rep in range(s.fence_reps):
-                        rate, cpu = drain(bench, plain_name, f"{prefix}-p{kind}{workers}{rep}", workers)
+                        rate, cpu, _ = drain(bench, plain_name, f"{prefix}-p{kind}{workers}{rep}", workers)
                         plain.append(rate)
                         pcpu.append(cpu)
-                        rate, cpu = drain(bench, fenced_name, f"{prefix}-{kind}{workers}{rep}", workers)
+                        run = f"{prefix}-{kind}{workers}{rep}"
+                        rate, cpu, cores = drain(bench, fenced_name, run, workers)
+                        done = _completed(store, run)
+                        if done != s.fence:
+                            say(f"  !! {run}: {done} fences completed, expected {s.fence}")
+                            r.setdefault("fence_incomplete", []).append({"run": run, "completed": done})
                         fenced.append(rate)
                         fcpu.append(cpu)
+                        busy.append(cores)
                         say(f"  {kind}, {workers} process(es): fenced {fenced[-1]:,.0f} jobs/s "
-                            f"({fcpu[-1]:.3f} CPU ms/job), plain {plain[-1]:,.0f} jobs/s ({pcpu[-1]:.3f})")
+                            f"(worker CPU {fcpu[-1]:.2f} ms/job, machine {cores:.2f} cores busy), "
+                            f"plain {plain[-1]:,.0f} jobs/s ({pcpu[-1]:.3f} ms/job)")
                     key = f"fence_{kind}_{workers}"
                     f_med, p_med = statistics.median(fenced), statistics.median(plain)
                     r.update({
@@ -305,10 +347,8 @@ def fig_fence(bench: Bench, base_url: str) -> None:
                         # wall time one process spends per job, fenced minus plain
                         f"{key}_cost_ms": (1000 / f_med - 1000 / p_med) * workers,
                         f"{key}_cpu_ms": statistics.median(fcpu), f"{key}_plain_cpu_ms": statistics.median(pcpu),
+                        f"{key}_busy_cores": statistics.median(busy),
                     })
-            with store.engine.connect() as conn:
-                rows = conn.execute(text(f"SELECT count(*) FROM {store.table.name} WHERE state = 'completed'"))
-                r["fence_rows_completed"] = rows.scalar()
         finally:
             bench.worker_env = {}
             store.engine.dispose()
