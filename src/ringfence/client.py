@@ -50,7 +50,7 @@ class Client:
         spec = JobSpec(
             task=task.name,
             args=args,
-            enqueued_ms=now,
+            enqueued_ms=self.app.broker.precise_ms(),
             version=task.version,
             max_attempts=opts.max_attempts,
             timeout_ms=None if opts.timeout_s is None else int(opts.timeout_s * 1000),

@@ -70,23 +70,34 @@ class Metrics:
         r.register(self._breakers)
         self._lock = threading.Lock()
         self._recent: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=200))
+        self._children: dict[tuple[str, str], tuple[Any, Any, Any, Any]] = {}  # labels() costs µs per call
+
+    def _for(self, task: str, queue: str) -> tuple[Any, Any, Any, Any]:
+        found = self._children.get((task, queue))
+        if found is None:
+            found = (self.started.labels(task, queue), self.latency.labels(task, queue),
+                     self.duration.labels(task, queue), self.failed.labels(task, queue))
+            self._children[(task, queue)] = found
+        return found
 
     # -- called by the worker --------------------------------------------------------------------
     def job_started(self, task: str, queue: str, latency_s: float) -> None:
         """An attempt started. ``latency_s``: now minus the job's enqueue time (or its due time for a
         scheduled or retried job); negative values (clock skew) count as 0."""
-        self.started.labels(task, queue).inc()
-        self.latency.labels(task, queue).observe(max(0.0, latency_s))
+        started, latency, _, _ = self._for(task, queue)
+        started.inc()
+        latency.observe(max(0.0, latency_s))
 
     def job_finished(self, task: str, queue: str, outcome: str, duration_s: float) -> None:
         """An attempt's outcome was recorded. ``outcome`` ∈ ack, retry, dead, requeue (a lost lease records
         nothing: do not call). ``duration_s``: handler start to outcome."""
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
+        _, _, duration, failed = self._for(task, queue)
         self.finished.labels(task, queue, outcome).inc()
         if outcome in ("retry", "dead"):
-            self.failed.labels(task, queue).inc()
-        self.duration.labels(task, queue).observe(max(0.0, duration_s))
+            failed.inc()
+        duration.observe(max(0.0, duration_s))
         with self._lock:
             self._recent[task].append(duration_s)
 

@@ -41,7 +41,7 @@ class JobSpec:
 
     task: str
     args: dict[str, Any]
-    enqueued_ms: int
+    enqueued_ms: float  # µs precision with the system clock, so start latency can be measured below 1 ms
     version: int = 1
     max_attempts: int | None = None
     timeout_ms: int | None = None

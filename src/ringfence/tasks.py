@@ -136,7 +136,7 @@ class JobContext:
     queue: str
     attempt: int
     max_attempts: int
-    enqueued_ms: int
+    enqueued_ms: float
     token: str
     timeout_s: float = 300.0
     cancelled: threading.Event = field(default_factory=threading.Event)

@@ -9,6 +9,7 @@ that run in the caller's own style, between :meth:`Core.begin_effect` and
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import FenceBusy, FenceConflict, FenceError, InDoubt, RetryLater
@@ -170,7 +171,7 @@ class Core:
             return None
         body = dumps(self.opts.params if request is None else request)
         self.store.mark_calling(self.subject, self.step, row.epoch, body, self.owner.lease_s)
-        self._refresh()
+        self._row = replace(row, state=FenceState.CALLING, request=body)  # as written; no read-back
         fault_point("after_calling")
         return None
 
@@ -179,7 +180,7 @@ class Core:
         fault_point("after_effect")
         ref = _as_reference(extract(value) if extract is not None else value)
         self.store.record(self.subject, self.step, self.row.epoch, ref)
-        self._refresh()
+        self._row = replace(self.row, state=FenceState.EFFECTED, reference=ref)  # as written; no read-back
         self.replay = False
         fault_point("after_record")
         return ref

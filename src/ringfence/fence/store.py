@@ -18,6 +18,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -125,7 +126,10 @@ class FenceStore:
             if self.get(subject, step) is None:
                 raise
             return None
-        return self.get(subject, step)
+        # What we just wrote, without reading it back (the timestamps stay in the database).
+        return FenceRow(subject=subject, step=step, state=FenceState.CLAIMED, epoch=1, owner_job_id=owner.job_id,
+                        owner_token=owner.token, params_hash=phash, provider_key=provider_key(subject, step),
+                        retention_s=retention_s, lease_live=True)
 
     def take_over(self, row: FenceRow, owner: Owner, *, lease_must_be_over: bool) -> FenceRow | None:
         """Become the owner with epoch+1, conditional on the epoch read; None if another run won."""
@@ -139,7 +143,9 @@ class FenceStore:
             lease_until=db_now_plus(owner.lease_s), updated_at=db_now())
         with self.engine.begin() as conn:
             won = conn.execute(stmt).rowcount == 1
-        return self.get(row.subject, row.step) if won else None
+        if not won:
+            return None
+        return replace(row, epoch=row.epoch + 1, owner_job_id=owner.job_id, owner_token=owner.token, lease_live=True)
 
     def _cas(self, subject: str, step: str, epoch: int, values: dict[str, Any],
              states: Sequence[FenceState] | None = None) -> None:

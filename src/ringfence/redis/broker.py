@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -58,8 +59,13 @@ class Broker:
         self.url = url
         self.keys = Keys(namespace)
         self.clock = clock
+        self._system_clock = clock is now_ms
         self._sync: redis.Redis | None = None
         self._aio: aioredis.Redis | None = None
+
+    def precise_ms(self) -> float:
+        """Now in ms with µs precision (the injected clock as is, when one was given)."""
+        return round(time.time() * 1000, 3) if self._system_clock else float(self.clock())
 
     # -- clients -------------------------------------------------------------------------------
     @property

@@ -308,7 +308,8 @@ class Processor:
         self.threads.add(future)
         future.add_done_callback(self.threads.discard)
         try:
-            await asyncio.wait_for(asyncio.shield(future), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(future)
         except TimeoutError:
             # A thread cannot be killed: record the failure, then the process must go.
             ctx.cancelled.set()
