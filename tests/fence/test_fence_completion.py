@@ -107,7 +107,7 @@ def test_stale_epoch_rolls_back_the_callers_write(backend: Backend, db: Any, sub
     assert row is not None and row.epoch == 2
 
 
-ASYNC_URLS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg"}  # no async MySQL driver
+ASYNC_URLS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg", "mariadb": "mysql+aiomysql"}
 
 
 @pytest.mark.parametrize("kind", ["engine", "connection", "session"])
@@ -115,8 +115,6 @@ async def test_async_handler_and_completion(backend: Backend, kind: str, subject
                                             make_owner: OwnerFactory) -> None:
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
-    if backend.name not in ASYNC_URLS:
-        return  # MariaDB: covered through sync completions; the venv has no async MySQL driver
     url = sa.make_url(backend.url).set(drivername=ASYNC_URLS[backend.name])
     engine = create_async_engine(url)
 
