@@ -232,7 +232,9 @@ async def test_graceful_shutdown_requeues_unfinished_async_job_without_burning(m
 
 
 async def test_idle_worker_wakes_on_enqueue_without_polling(make_app) -> None:
-    app = make_app()
+    from ringfence import WorkerSettings
+
+    app = make_app(worker=WorkerSettings())  # default heartbeat: the fallback timer fires only every 5 s
     started: list[float] = []
 
     @app.task
