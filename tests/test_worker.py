@@ -261,3 +261,22 @@ def test_queue_spec_errors(bad: str) -> None:
 
     with pytest.raises(ConfigError):
         parse_queues(bad)
+
+
+async def test_dead_letter_retention_is_explicit(make_app) -> None:
+    import dataclasses
+
+    keep = make_app()
+
+    @keep.task(max_attempts=1)
+    async def fails(ctx) -> None:
+        raise ValueError("x")
+
+    fails.enqueue()
+    await run_until(keep, lambda: queue_info(keep.broker, "default")["dead"] == 1)
+    await asyncio.sleep(0.6)
+    await run_until(keep, lambda: True)
+    assert queue_info(keep.broker, "default")["dead"] == 1  # no retention configured: kept
+
+    keep.worker_settings = dataclasses.replace(keep.worker_settings, dead_retention_s=0.5)
+    await run_until(keep, lambda: queue_info(keep.broker, "default")["dead"] == 0, timeout=10)

@@ -89,6 +89,8 @@ class WorkerSettings:
     # dead-letter (unknown task).
     defer_s: float = 30.0
     grace_s: float = 3600.0
+    # Dead-letter retention: None keeps every dead job until you delete or prune it (the default).
+    dead_retention_s: float | None = None
 
     def problems(self) -> list[str]:
         out = []
@@ -105,6 +107,8 @@ class WorkerSettings:
             )
         if self.defer_s <= 0 or self.grace_s < self.defer_s:
             out.append(f"defer_s={self.defer_s} must be > 0 and grace_s={self.grace_s} >= defer_s")
+        if self.dead_retention_s is not None and self.dead_retention_s <= 0:
+            out.append(f"dead_retention_s={self.dead_retention_s} must be > 0, or None to keep dead jobs")
         if self.server_ttl_s <= self.heartbeat_s:
             out.append(f"server_ttl_s={self.server_ttl_s} must exceed heartbeat_s={self.heartbeat_s}")
         return out

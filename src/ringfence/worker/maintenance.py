@@ -50,6 +50,26 @@ class Recoverer(Loop):
                 log.warning("recovered %d orphaned job(s) in queue %s: %s", len(ids), queue, " ".join(ids[:10]))
 
 
+class DeadRetention(Loop):
+    """Deletes dead jobs older than ``dead_retention_s`` — only when that setting is given: by default the
+    dead-letter keeps everything, and its size is reported by ``ringfence info``."""
+
+    name = "dead-retention"
+
+    def __init__(self, broker: Broker, queues: QueueSet, retention_s: float, interval_s: float = 60.0) -> None:
+        super().__init__(interval_s)
+        self.broker = broker
+        self.queues = queues
+        self.retention_ms = int(retention_s * 1000)
+
+    async def tick(self) -> None:
+        for queue in await self.queues.names():
+            gone = await self.broker.arun(self.broker.delete_dead(queue, older_than_ms=self.retention_ms))
+            if gone:
+                log.info("dead-letter retention: deleted %d job(s) of queue %s older than %gs", gone, queue,
+                         self.retention_ms / 1000)
+
+
 class Promoter(Loop):
     """Moves scheduled and retry jobs whose time has come into their queue."""
 

@@ -15,7 +15,7 @@ from ringfence.metrics import Metrics
 from ringfence.models import new_job_id
 from ringfence.settings import WorkerSettings, check_name
 from ringfence.worker.heartbeat import Heartbeat
-from ringfence.worker.maintenance import Promoter, QueueSet, Recoverer, SchedulerLoop
+from ringfence.worker.maintenance import DeadRetention, Promoter, QueueSet, Recoverer, SchedulerLoop
 from ringfence.worker.processor import Processor
 
 log = logging.getLogger("ringfence.worker")
@@ -119,6 +119,9 @@ class Worker:
         await self.broker.aregister_dependencies(self.app.breakers)
         loops = [heartbeat, Recoverer(self.broker, queue_set, s.recover_interval_s),
                  Promoter(self.broker, queue_set, s.promote_interval_s)]
+        if s.dead_retention_s is not None:
+            loops.append(DeadRetention(self.broker, queue_set, s.dead_retention_s,
+                                       interval_s=min(60.0, s.dead_retention_s / 2)))
         if self.scheduler:
             from ringfence.scheduler import Scheduler
 
