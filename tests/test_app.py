@@ -110,3 +110,15 @@ async def test_async_enqueue_and_bulk(make_app) -> None:
     many = await app.aenqueue_many(t, [{"n": i} for i in range(100)])
     assert len(set(many)) == 100 and one not in many
     assert app.broker.queue_counts("default")["pending"] == 101
+
+
+def test_unknown_enqueue_option_is_named(make_app) -> None:
+    app = make_app()
+
+    @app.task
+    def t(ctx) -> None: ...
+
+    with pytest.raises(ConfigError, match=r"unknown enqueue option\(s\) delay; known: .*delay_s"):
+        t.with_options(delay=5)
+    with pytest.raises(ConfigError, match=r"queu"):
+        app.enqueue_many(t, [{}], queu="x")

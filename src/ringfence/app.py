@@ -20,7 +20,7 @@ from ringfence.settings import (
     check_name,
     env_default,
 )
-from ringfence.tasks import EnqueueOptions, Registry, RetryDelay, Task
+from ringfence.tasks import Registry, RetryDelay, Task, enqueue_options
 
 log = logging.getLogger("ringfence")
 
@@ -262,10 +262,10 @@ class App:
     # -- producing ------------------------------------------------------------------------------
     def enqueue_many(self, task: Task, payloads: Iterable[Any], **options: Any) -> list[str]:
         """Enqueue many jobs of one task in one round trip per queue; returns their ids in order."""
-        return self.client.enqueue_many(task, payloads, EnqueueOptions(**options))
+        return self.client.enqueue_many(task, payloads, enqueue_options(**options))
 
     async def aenqueue_many(self, task: Task, payloads: Iterable[Any], **options: Any) -> list[str]:
-        return await self.client.aenqueue_many(task, payloads, EnqueueOptions(**options))
+        return await self.client.aenqueue_many(task, payloads, enqueue_options(**options))
 
     def close(self) -> None:
         if self._broker is not None:

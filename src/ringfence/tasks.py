@@ -81,7 +81,7 @@ class Task:
     def with_options(self, **options: Any) -> BoundTask:
         """Enqueue options: queue, delay_s, run_at (datetime), max_attempts, timeout_s, expiry_s, job_id,
         unique_for (s), unique_key (str template like "order:{order_id}" or callable(payload)), raise_on_duplicate."""
-        return BoundTask(self, EnqueueOptions(**options))
+        return BoundTask(self, enqueue_options(**options))
 
     def enqueue(self, model: BaseModel | None = None, /, **fields: Any) -> str:
         """Queue one job; the payload is keyword fields, or an instance of the task's payload model."""
@@ -105,12 +105,22 @@ class EnqueueOptions:
     raise_on_duplicate: bool = False
 
 
+def enqueue_options(**options: Any) -> EnqueueOptions:
+    """EnqueueOptions, refusing an unknown option by name."""
+    known = set(EnqueueOptions.__dataclass_fields__)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"unknown enqueue option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return EnqueueOptions(**options)
+
+
 @dataclass(frozen=True)
 class BoundTask:
     task: Task
     options: EnqueueOptions
 
     def with_options(self, **options: Any) -> BoundTask:
+        enqueue_options(**options)  # same checks as a first with_options
         return BoundTask(self.task, replace(self.options, **options))
 
     def enqueue(self, model: BaseModel | None = None, /, **fields: Any) -> str:
