@@ -270,6 +270,8 @@ class Broker:
             p.set(self.keys.server(server_id), orjson.dumps(info), px=ttl_ms)
             p.zadd(self.keys.servers, {server_id: self.clock() + ttl_ms})
             p.zremrangebyscore(self.keys.servers, "-inf", self.clock())
+            if info.get("queues"):  # re-registered on every beat: survives a flush of the queue set
+                p.sadd(self.keys.queues, *info["queues"])
             await p.execute()
 
     async def unregister_server(self, server_id: str) -> None:
