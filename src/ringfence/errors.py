@@ -8,8 +8,7 @@
     ├── PayloadError           a payload cannot be encoded or decoded (names the task and field)
     │   └── PayloadTooNew      written by a newer release than this worker: delayed, not failed
     ├── DuplicateJob           a unique enqueue found the key held by a queued or running job
-    ├── BrokerError
-    │   └── LeaseLost          this attempt no longer owns the job (its lease expired or was recovered)
+    ├── BrokerError            Redis did something the broker did not expect
     ├── JobError               raised by handlers to steer retries
     │   ├── Permanent          do not retry: dead-letter at once
     │   └── RetryLater         retry after a delay without burning an attempt
@@ -59,10 +58,6 @@ class DuplicateJob(RingfenceError):
 
 class BrokerError(RingfenceError):
     """Redis did something the broker did not expect."""
-
-
-class LeaseLost(BrokerError):
-    """This attempt no longer holds the job's lease; its outcome is not recorded."""
 
 
 class JobError(RingfenceError):

@@ -6,24 +6,11 @@ import base64
 import os
 import time
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 import orjson
 
 from ringfence.errors import PayloadError
-
-
-class JobState(StrEnum):
-    PENDING = "pending"
-    SCHEDULED = "scheduled"
-    RETRY = "retry"
-    ACTIVE = "active"
-    DEAD = "dead"
-
-
-WAITING = frozenset({JobState.PENDING, JobState.SCHEDULED, JobState.RETRY})
-IN_REDIS = WAITING | {JobState.ACTIVE, JobState.DEAD}
 
 
 def new_job_id() -> str:

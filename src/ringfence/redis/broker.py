@@ -129,10 +129,6 @@ class Broker:
             args += list(tick)
         return Call("cron", [k.jobs, k.pending, k.idle, k.stats, k.cron], args, lambda raw: [int(x) for x in raw])
 
-    def cron_last(self, queue: str, name: str) -> int | None:
-        raw = self.sync.hget(self.keys.queue(queue).cron, name)
-        return int(raw) if raw else None
-
     async def acron_last(self, queue: str, name: str) -> int | None:
         raw = await self.aio.hget(self.keys.queue(queue).cron, name)
         return int(raw) if raw else None
