@@ -8,8 +8,6 @@ simulate it.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -21,7 +19,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 from ringfence.models import now_ms
-from ringfence.redis.keys import Keys, QueueKeys
+from ringfence.redis.keys import Keys
 from ringfence.redis.scripts import script
 
 T = TypeVar("T")
@@ -367,66 +365,3 @@ class Broker:
 
     def memory_usage(self) -> int:
         return int(self.sync.info("memory")["used_memory"])
-
-
-class Waker:
-    """Lets an idle worker sleep until a job arrives, with no polling loop.
-
-    The worker marks itself idle in each queue's ``idle`` set; scripts that make a job ready publish on
-    the queue's wake channel only while someone is idle, so a busy system sends no messages.
-    """
-
-    def __init__(self, broker: Broker, worker_id: str, queues: Sequence[str]) -> None:
-        self.broker = broker
-        self.worker_id = worker_id
-        self.queue_keys: list[QueueKeys] = [broker.keys.queue(q) for q in queues]
-        self._pubsub: Any = None
-
-    async def start(self) -> None:
-        self._pubsub = self.broker.aio.pubsub(ignore_subscribe_messages=True)
-        await self._pubsub.subscribe(*[k.wake for k in self.queue_keys])
-
-    async def mark_idle(self, until_s: float) -> None:
-        now = self.broker.clock()
-        async with self.broker.aio.pipeline(transaction=False) as p:
-            for k in self.queue_keys:
-                p.zadd(k.idle, {self.worker_id: now + int(until_s * 1000)})
-                p.zremrangebyscore(k.idle, "-inf", now)  # marks of workers that died asleep
-            await p.execute()
-
-    async def mark_busy(self) -> None:
-        async with self.broker.aio.pipeline(transaction=False) as p:
-            for k in self.queue_keys:
-                p.zrem(k.idle, self.worker_id)
-                p.zremrangebyscore(k.idle, "-inf", self.broker.clock())
-            await p.execute()
-
-    async def wait(self, timeout_s: float) -> bool:
-        """True when woken by a message, False on timeout. Drains queued messages."""
-        if self._pubsub is None:
-            await self.start()
-        msg = await self._pubsub.get_message(timeout=timeout_s)
-        woke = msg is not None
-        while msg is not None:
-            msg = await self._pubsub.get_message(timeout=0)
-        return woke
-
-    async def restart(self) -> None:
-        """Subscribe again after a lost connection (errors are left for the next cycle to report)."""
-        old, self._pubsub = self._pubsub, None
-        if old is not None:
-            with contextlib.suppress(redis.RedisError, OSError):
-                await old.aclose()
-        try:
-            await self.start()
-        except (redis.RedisError, OSError):
-            self._pubsub = None
-
-    async def close(self) -> None:
-        if self._pubsub is not None:
-            try:
-                await self.mark_busy()
-                await self._pubsub.aclose()
-            except (redis.RedisError, OSError, asyncio.CancelledError):
-                pass
-            self._pubsub = None

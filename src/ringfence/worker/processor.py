@@ -5,87 +5,29 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import random
 import time
 import traceback
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from ringfence.app import App
-from ringfence.errors import (
-    FenceBusy,
-    FenceConflict,
-    FencedOut,
-    InDoubt,
-    PayloadError,
-    PayloadTooNew,
-    Permanent,
-    RetryLater,
-)
+from ringfence.errors import PayloadError, PayloadTooNew
 from ringfence.logs import JobLogger, job_logger
 from ringfence.metrics import Metrics
 from ringfence.models import DeadJob, Fetched, JobSpec
-from ringfence.redis.broker import Broker, Waker
+from ringfence.redis.broker import Broker
+from ringfence.redis.waker import Waker
 from ringfence.settings import WorkerSettings
 from ringfence.tasks import JobContext, Task
 from ringfence.worker.fencing import Fencing
 from ringfence.worker.gates import Gates
+from ringfence.worker.outcomes import Outcome, Running, classify, dependency_ok, fence_outcome, weighted_order
 
 log = logging.getLogger("ringfence.worker")
-
-
-@dataclass
-class Running:
-    job: Fetched
-    ctx: JobContext | None = None
-    task: asyncio.Task[None] | None = None
-    lost: bool = False       # the lease went to another attempt: record nothing
-    settled: bool = False    # an outcome was recorded (a sync thread may still be running)
-    started: float = 0.0     # monotonic time the handler started (0: it never did)
-
-
-@dataclass
-class Outcome:
-    kind: str                # ack | retry | dead | requeue | lost
-    reason: str = ""
-    error: str = ""
-    tb: str = ""
-    delay_s: float = 0.0
-    counter: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _fence_outcome(exc: BaseException) -> str | None:
-    """The fence outcome a handler's exception stands for (the step is not known here: label "-")."""
-    if isinstance(exc, FenceConflict | FenceBusy):
-        return "conflict"
-    if isinstance(exc, InDoubt):
-        return "in_doubt"
-    if isinstance(exc, FencedOut):
-        return "fenced_out"
-    return None
-
-
-def _dependency_ok(o: Outcome) -> bool | None:
-    """Did the dependency work? Success yes; errors and timeouts no; a permanent or payload error, a
-    deferral or a duplicate say nothing about it."""
-    if o.kind == "ack":
-        return o.reason != "duplicate" or None
-    if o.kind == "retry" or (o.kind == "dead" and o.reason == "max_attempts"):
-        return False
-    return None
-
-
-def weighted_order(queues: list[tuple[str, int]], strict: bool) -> list[str]:
-    """Strict: as given. Weighted: a random order where a queue comes first with probability ∝ its weight."""
-    if strict or len(queues) == 1:
-        return [q for q, _ in queues]
-    return [q for q, _ in sorted(queues, key=lambda qw: -(random.random() ** (1.0 / qw[1])))]
 
 
 class Processor:
@@ -240,7 +182,7 @@ class Processor:
             outcome = await self._run(r, task, spec, args, kwargs)
         finally:
             await self.gates.release(job)
-        await self.gates.record(job, task, _dependency_ok(outcome))
+        await self.gates.record(job, task, dependency_ok(outcome))
         return outcome
 
     async def _run(self, r: Running, task: Task, spec: JobSpec, args: tuple[Any, ...],
@@ -319,29 +261,10 @@ class Processor:
             raise
 
     def _failure(self, task: Task, ctx: JobContext, exc: BaseException, tb: str) -> Outcome:
-        error = f"{type(exc).__name__}: {exc}"
-        fence = _fence_outcome(exc)
+        fence = fence_outcome(exc)
         if fence is not None:
             self.metrics.fence_outcome("-", fence)
-        if isinstance(exc, RetryLater):
-            return Outcome("requeue", delay_s=exc.delay_s, counter="deferred")
-        if isinstance(exc, FenceBusy):
-            return Outcome("ack", reason="duplicate", error=error)
-        if isinstance(exc, InDoubt):
-            return Outcome("dead", "in_doubt", error, tb)
-        if isinstance(exc, Permanent | PayloadError) or (task.permanent and isinstance(exc, task.permanent)):
-            return Outcome("dead", "permanent", error, tb)
-        if ctx.attempt >= ctx.max_attempts:
-            return Outcome("dead", "max_attempts", error, tb)
-        return Outcome("retry", "error", error, tb, delay_s=self._retry_delay(task, ctx.attempt, exc))
-
-    @staticmethod
-    def _retry_delay(task: Task, attempt: int, exc: BaseException) -> float:
-        policy = task.options.retry
-        if task.retry_delay is not None:
-            return float(min(max(task.retry_delay(attempt, exc), 0.0), policy.cap_s))
-        ceiling = policy.ceiling_s(attempt)
-        return random.uniform(0, ceiling) if policy.jitter else ceiling
+        return classify(task, ctx, exc, tb)
 
     # -- recording ------------------------------------------------------------------------------
     async def _record(self, r: Running, o: Outcome) -> None:
