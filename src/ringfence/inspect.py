@@ -63,7 +63,7 @@ def dead_job(queue: str, job_id: str, record: dict[str, Any]) -> DeadJob:
         id=job_id, queue=queue, task=record.get("task", spec.task), args=spec.args,
         reason=record.get("reason", ""), error=record.get("error", ""), traceback=record.get("traceback", ""),
         attempts=int(record.get("attempts", 0)), died_ms=int(record.get("died_ms", 0)),
-        history=orjson.loads(record["history"]) if record.get("history") else [], raw_spec=record["spec"],
+        history=orjson.loads(record["history"]) if record.get("history") else [],
     )
 
 

@@ -117,7 +117,6 @@ class DeadJob:
     attempts: int
     died_ms: int
     history: list[dict[str, Any]]
-    raw_spec: str
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -57,4 +57,4 @@ def as_dead_job(row: dict[str, Any]) -> DeadJob:
     spec = row["payload"] or {}
     return DeadJob(id=row["job_id"], queue=row["queue"], task=row["task"], args=spec.get("a", {}),
                    reason=row["reason"], error=row["error"] or "", traceback=row["traceback"] or "",
-                   attempts=row["attempts"], died_ms=died_ms, history=row["history"] or [], raw_spec="")
+                   attempts=row["attempts"], died_ms=died_ms, history=row["history"] or [])

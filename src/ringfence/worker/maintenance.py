@@ -40,13 +40,11 @@ class Recoverer(Loop):
         super().__init__(interval_s)
         self.broker = broker
         self.queues = queues
-        self.recovered = 0
 
     async def tick(self) -> None:
         for queue in await self.queues.names():
             ids = await self.broker.arun(self.broker.recover(queue))
             if ids:
-                self.recovered += len(ids)
                 log.warning("recovered %d orphaned job(s) in queue %s: %s", len(ids), queue, " ".join(ids[:10]))
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from ringfence.errors import FenceBusy, FenceConflict, FencedOut, InDoubt, PayloadError, Permanent, RetryLater
 from ringfence.models import Fetched
@@ -30,7 +29,6 @@ class Outcome:
     tb: str = ""
     delay_s: float = 0.0
     counter: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def fence_outcome(exc: BaseException) -> str | None:

@@ -309,7 +309,7 @@ class Processor:
         spec = job.spec
         dead = DeadJob(id=job.id, queue=job.queue, task=task_name, args=spec.args if spec else {},
                        reason=o.reason, error=o.error, traceback=o.tb, attempts=job.attempt,
-                       died_ms=self.broker.clock(), history=[], raw_spec=spec.encode().decode() if spec else "")
+                       died_ms=self.broker.clock(), history=[])
         if spec is not None:
             await self.fencing.record_dead(dead, orjson.loads(spec.encode()))
         for hook in self.app.dead_hooks:
