@@ -9,7 +9,7 @@ from pathlib import Path
 import ringfence
 
 PKG = Path(ringfence.__file__).parent
-APPS = ("demo", "bench")  # example applications and the benchmark: user code, free to use both
+APPS = ("demo",)  # the example application: user code, free to use both
 
 
 def imports(path: Path) -> set[str]:

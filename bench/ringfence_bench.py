@@ -1,7 +1,7 @@
-"""The ringfence benchmark: ``python -m ringfence.bench [--quick] [--json] [--only NAMES]`` (``make bench``).
+"""The ringfence benchmark: ``python -m bench [--quick] [--json] [--only NAMES]`` from the repo root (``make bench``).
 
 Everything runs against a private redis-server started on a free loopback port and stopped at the end;
-workers are real ``python -m ringfence.cli worker --app ringfence.bench:app`` processes, so this module
+workers are real ``python -m ringfence.cli worker --app bench.ringfence_bench:app`` processes, so this module
 also defines the app they serve (importing it starts nothing). Figures:
 
 - ``enqueue``  jobs/s: one ``task.enqueue`` per job, and ``app.enqueue_many`` in batches of 1,000
@@ -11,7 +11,7 @@ also defines the app they serve (importing it starts nothing). Figures:
 - ``backlog``  drain jobs/s of the first 20,000 of 1,000,000 pending, against the same drain on an empty queue
 - ``sigkill``  seconds until a job whose worker was SIGKILLed mid-job starts again (default settings)
 - ``fence``    opt-in (``--only fence``, needs PostgreSQL): fenced no-op effects vs plain no-op jobs, 1 and 2
-               processes, sync and async handlers; round trips and ms per fenced job (``ringfence.bench_fence``)
+               processes, sync and async handlers; round trips and ms per fenced job (``bench/fence_bench.py``)
 
 How a drain is timed: the jobs are enqueued into a paused queue, the workers start and go idle, the queue is
 unpaused and one more job is enqueued, whose wake-up message starts every worker at once. The clock runs
@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ringfence import bench_fence
+from bench import fence_bench as bench_fence
 from ringfence.app import App
 from ringfence.redis.embedded import EmbeddedRedis, free_port
 from ringfence.tasks import JobContext, Task
@@ -48,6 +48,7 @@ BACKLOG_QUEUE = "bench-backlog"
 LATENCY_KEY = "bench:latency"   # list: "<ms from ctx.enqueued_ms> <ms from the float send time>" per probe job
 STARTS_KEY = "bench:starts"     # list: "<attempt> <unix time s>" per sleeper start
 POLL_S = 0.005
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: `bench` is imported from it
 
 
 # -- the app the worker processes serve ----------------------------------------------------------------
@@ -79,7 +80,7 @@ def build_app(redis_url: str | None = None, fence_url: str | None = None) -> App
     return bench
 
 
-app = build_app()  # what `ringfence worker --app ringfence.bench:app` runs; the URL comes from the environment
+app = build_app()  # what `ringfence worker --app bench.ringfence_bench:app` runs; the URL comes from the environment
 
 
 # -- sizes and results ---------------------------------------------------------------------------------
@@ -183,15 +184,17 @@ class Bench:
     @contextmanager
     def workers(self, n: int, queue: str = QUEUE) -> Iterator[list[subprocess.Popen[bytes]]]:
         """``n`` real worker processes, stopped with SIGTERM (then SIGKILL) on exit."""
-        env = {**os.environ, "RINGFENCE_REDIS_URL": self.url, **self.worker_env}
+        env = {**os.environ, "RINGFENCE_REDIS_URL": self.url, **self.worker_env,
+               "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
         procs = []
         for _ in range(n):
             self._workers += 1
             with open(os.path.join(self.log_dir, f"worker-{self._workers}.log"), "wb") as log:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "ringfence.cli", "--log-level", "WARNING", "worker",
-                     "--app", "ringfence.bench:app", "--queues", queue, "--concurrency", str(self.sizes.concurrency)],
-                    env=env, stdout=log, stderr=subprocess.STDOUT))
+                     "--app", "bench.ringfence_bench:app", "--queues", queue,
+                     "--concurrency", str(self.sizes.concurrency)],
+                    env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
         try:
             yield procs
         finally:
@@ -437,7 +440,7 @@ def report(meta: dict[str, Any], results: dict[str, Any], targets: list[dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ringfence.bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, no SIGKILL figure (about 30 s)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     ap.add_argument("--only", help=f"comma-separated subset of {','.join(FIGURES)} ({','.join(OPT_IN)}: only here)")

@@ -1,4 +1,4 @@
-"""The ``fence`` figure of ``python -m ringfence.bench --only fence``: fenced no-op effects on PostgreSQL.
+"""The ``fence`` figure of ``python -m bench --only fence``: fenced no-op effects on PostgreSQL.
 
 A fenced job opens ``ctx.fence(subject, "noop", params=...)``, runs ``step.effect`` with a no-op effect and
 completes with ``step.complete(engine)`` writing nothing else: the whole cost is the fence's. Figures:
@@ -11,7 +11,8 @@ completes with ``step.complete(engine)`` writing nothing else: the whole cost is
   round trip), with the statements, and the in-process latency of one fenced job run alone.
 
 The fence table lives in a private database ``ringfence_bench_<hex>`` created on the server of
-``--fence-url`` (default ``$RINGFENCE_BENCH_FENCE_URL`` or ``postgresql+psycopg://root@127.0.0.1:5432/test``)
+``--fence-url`` (default ``$RINGFENCE_BENCH_FENCE_URL``, else the test suite's database ``test`` on
+``127.0.0.1:5432`` as libpq's default user: ``$PGUSER`` or the login name)
 and dropped at the end, so a shared server keeps nothing of the run. Subjects are ``bench-<hex>:order:<n>``.
 """
 
@@ -35,13 +36,13 @@ from sqlalchemy.engine import Engine, make_url
 from ringfence.tasks import JobContext
 
 if TYPE_CHECKING:
-    from ringfence.bench import Bench
+    from bench.ringfence_bench import Bench
 
-DEFAULT_FENCE_URL = "postgresql+psycopg://root@127.0.0.1:5432/test"
+DEFAULT_FENCE_URL = "postgresql+psycopg://127.0.0.1:5432/test"  # no user: libpq takes $PGUSER or the login
 STEP = "noop"
 
 
-# -- the handlers (registered by ringfence.bench.build_app) --------------------------------------------
+# -- the handlers (registered by bench.ringfence_bench.build_app) --------------------------------------------
 def _engine(ctx: JobContext) -> Engine:
     """The fence store's own engine: the fence table lives in the database the job writes to."""
     engine: Engine = ctx.fencing.app.fence_store.engine

@@ -1,0 +1,2 @@
+"""Benchmarks, kept out of the installed package: ``python -m bench`` (ringfence alone, ``make bench``) and
+``python -m bench.peers`` (ringfence beside other Redis job queues, ``make bench-peers``). Run from the repo root."""

@@ -1,0 +1,5 @@
+import sys
+
+from bench.ringfence_bench import main
+
+sys.exit(main())
