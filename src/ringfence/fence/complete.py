@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from ..errors import FencedOut
 from ..faults import fault_point
+from .offloop import in_thread
 
 Stale = Callable[[], FencedOut]
 
@@ -60,19 +61,29 @@ def sync_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale) -> It
 
 
 @asynccontextmanager
-async def async_completion(db: Any, stmt: Update, stale: Stale) -> AsyncIterator[Any]:
-    """Async twin of :func:`sync_completion` for AsyncEngine, AsyncConnection and AsyncSession."""
+async def async_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale) -> AsyncIterator[Any]:
+    """Async twin of :func:`sync_completion` for AsyncEngine, AsyncConnection and AsyncSession.
+
+    A sync SQLAlchemy ``db`` gets its blocking statements (begin, the fence UPDATE, commit) run in a
+    thread; a DB-API or Django connection, usually bound to its thread, keeps them on the loop's.
+    """
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
+    if not isinstance(db, AsyncEngine | AsyncConnection | AsyncSession):
+        sync = sync_completion(db, stmt, dialect, stale)
+        if isinstance(db, Engine | Connection | Session):
+            async with in_thread(sync) as conn:
+                yield conn
+        else:
+            with sync as conn:
+                yield conn
+        return
     if isinstance(db, AsyncEngine):
         async with db.begin() as conn:
             _check((await conn.execute(stmt)).rowcount, stale)
             yield conn
             fault_point("before_commit")
         return
-    if not isinstance(db, AsyncConnection | AsyncSession):
-        raise TypeError(f"async complete(db): cannot use a {type(db).__name__}; pass an AsyncEngine, "
-                        "AsyncConnection or AsyncSession (sync ones work with `with step.complete(db)`)")
     try:
         _check((await db.execute(stmt)).rowcount, stale)  # type: ignore[attr-defined]
         yield db

@@ -26,6 +26,7 @@ from typing import Any, Final
 from ..errors import ConfigError
 from .core import RECONCILE, Core, NotHappened
 from .model import FenceBackend, Owner
+from .offloop import call_off_loop
 
 __all__ = ["NOT_HAPPENED", "AsyncStep", "FenceContext", "Fences", "Owner", "Step", "StepOptions"]
 
@@ -114,9 +115,7 @@ class FenceContext:
         core = self._core
         # Store calls are blocking I/O: keep them off the event loop.
         if await asyncio.to_thread(core.enter) is RECONCILE:
-            answer = core.opts.reconcile(core.key, core.request) if core.opts.reconcile else None
-            if inspect.isawaitable(answer):
-                answer = await answer
+            answer = await call_off_loop(core.opts.reconcile, core.key, core.request) if core.opts.reconcile else None
             await asyncio.to_thread(core.apply_reconcile, answer)
         return AsyncStep(core)
 
@@ -209,31 +208,21 @@ class AsyncStep(_StepView):
         stored = await asyncio.to_thread(self._core.begin_effect, request)
         if stored is not None:
             return stored
-        value = fn()
-        if inspect.isawaitable(value):
-            value = await value
+        value = await call_off_loop(fn)
         return await asyncio.to_thread(self._core.finish_effect, value, reference)
 
     @asynccontextmanager
     async def complete(self, db: Any, result: Any = None) -> AsyncIterator[Any]:
         """Async :meth:`Step.complete` for AsyncEngine, AsyncConnection or AsyncSession.
 
-        A sync ``db`` (Engine, Connection, Session, DB-API) also works: its statements then
-        run on the loop's thread.
+        A sync SQLAlchemy ``db`` (Engine, Connection, Session) also works: the fence's own
+        statements and the commit run in a thread; a DB-API or Django connection (often bound
+        to its thread) runs them on the loop's thread.
         """
         core = self._core
-        args = core.completion_args(result)
-        if _is_async_db(db):
-            async with core.store.acompletion(db, core.subject, core.step, *args) as conn:
-                yield conn
-        else:
-            with core.store.completion(db, core.subject, core.step, *args) as conn:
-                yield conn
+        async with core.store.acompletion(db, core.subject, core.step, *core.completion_args(result)) as conn:
+            yield conn
         core.completed = True
-
-
-def _is_async_db(db: Any) -> bool:
-    return type(db).__module__.startswith("sqlalchemy.ext.asyncio") or hasattr(db, "run_sync")
 
 
 def _close(awaitable: Any) -> None:

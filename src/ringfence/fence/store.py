@@ -212,9 +212,10 @@ class FenceStore:
 
     def acompletion(self, db: Any, subject: str, step: str, epoch: int,
                     result: str | None) -> AbstractAsyncContextManager[Any]:
-        """Async twin of :meth:`completion` for AsyncEngine / AsyncConnection / AsyncSession."""
+        """Async twin of :meth:`completion` (AsyncEngine / AsyncConnection / AsyncSession, or a sync ``db``)."""
         stmt = self.complete_statement(subject, step, epoch, result)
-        return _complete.async_completion(db, stmt, lambda: _fenced_out(subject, step, epoch, COMPLETABLE))
+        return _complete.async_completion(db, stmt, self.engine.dialect,
+                                          lambda: _fenced_out(subject, step, epoch, COMPLETABLE))
 
     # --- operations by a person -------------------------------------------------------------
 

@@ -25,6 +25,7 @@ import redis
 from ..errors import FencedOut, FenceError
 from ..faults import fault_point
 from ..fence.model import COMPLETABLE, FenceRow, FenceState, Owner, provider_key
+from ..fence.offloop import in_thread
 
 _CAPTURE = """
 -- KEYS[1]  the fence hash
@@ -205,8 +206,8 @@ class RedisFenceStore:
     @asynccontextmanager
     async def acompletion(self, db: Any, subject: str, step: str, epoch: int,
                           result: str | None) -> AsyncIterator[Any]:
-        """Async twin of :meth:`completion` (the Redis calls are short; they run inline)."""
-        with self.completion(db, subject, step, epoch, result) as conn:
+        """Async twin of :meth:`completion`: the Redis calls run in a thread, the block on the loop."""
+        async with in_thread(self.completion(db, subject, step, epoch, result)) as conn:
             yield conn
 
     def resolve(self, subject: str, step: str, *, happened: bool, reference: str | None = None) -> FenceRow:
