@@ -1,4 +1,5 @@
-"""Real worker processes: SIGKILL, SIGTERM, two workers at once, bulk exactly-once, supervisor, env guard."""
+"""Real worker processes: SIGKILL, SIGTERM, two workers at once, bulk exactly-once, env guard.
+(The supervisor of ``--processes``: test_supervisor.py.)"""
 
 from __future__ import annotations
 
@@ -110,21 +111,6 @@ def test_sync_job_past_its_timeout_stops_the_worker_process(redis_url, namespace
     retry = app.broker.sync.zrange(app.broker.keys.queue("default").retry, 0, -1)
     assert retry == [job.encode()]
     assert "timed out after 0.5s" in app.broker.history("default", job)[0]["error"]
-
-
-def test_supervisor_restarts_a_dead_child(redis_url, namespace, rdb, spawn_worker) -> None:
-    app, m = producer(redis_url, namespace)
-    sup = spawn_worker("--processes", "2")
-    first = wait_until(lambda: len(app.broker.servers()) == 2 and app.broker.servers(), timeout=20)
-    victim = first[0]["pid"]
-    os.kill(victim, signal.SIGKILL)
-    wait_until(lambda: len(app.broker.servers()) == 2 and victim not in {s["pid"] for s in app.broker.servers()},
-               timeout=30)
-    m.noop.enqueue(n=1)
-    wait_until(lambda: records(rdb, namespace, "runs"))
-    sup.signal(signal.SIGTERM)
-    assert sup.wait(20) == 0
-    wait_until(lambda: not app.broker.servers(), timeout=10)
 
 
 def test_worker_on_another_environment_refuses_to_start(redis_url, namespace, spawn_worker) -> None:

@@ -25,6 +25,10 @@ def log(kind: str, *values: object) -> None:
     r.rpush(f"{ns}:test:{kind}", " ".join(str(v) for v in values))
 
 
+if os.environ.get("TEST_RECORD_BOOTS"):  # worker processes count their starts
+    log("boots", os.getpid())
+
+
 @app.task
 async def noop(ctx, n: int) -> None:
     log("runs", ctx.id, n)

@@ -25,7 +25,7 @@ from ringfence.errors import ConfigError
 def worker(app: App, queues: str | None, concurrency: int, processes: int, strict: bool, max_wait: str | None,
            scheduler: bool, metrics_port: int | None, alerts: bool) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal exits at once)."""
-    from ringfence.worker.supervisor import child_command, supervise
+    from ringfence.worker.supervisor import supervise
     from ringfence.worker.worker import parse_max_wait, parse_queues, run_worker
 
     if processes < 1:
@@ -33,10 +33,40 @@ def worker(app: App, queues: str | None, concurrency: int, processes: int, stric
     parsed = parse_queues(queues) if queues else None
     if processes > 1:
         app.check()  # refuse a bad configuration before starting anything
-        sys.exit(supervise(child_command(sys.argv[1:]), processes))
+        ctx = click.get_current_context()
+        sys.exit(supervise([child_command(ctx, slot) for slot in range(processes)]))
     sys.exit(run_worker(app, parsed, concurrency=concurrency, strict=strict,
                         max_wait=parse_max_wait(max_wait) if max_wait else None, scheduler=scheduler,
                         metrics_port=metrics_port, alerts=alerts))
+
+
+def child_command(ctx: click.Context, slot: int) -> list[str]:
+    """The command of supervised worker ``slot``, built from this command's parsed options (``--processes``
+    left out) and the group's; worker ``slot`` serves metrics on ``--metrics-port`` + ``slot``."""
+    args = [sys.executable, "-m", "ringfence.cli"]
+    for c in (ctx.parent, ctx):
+        if c is None:
+            continue
+        for param in c.command.params:
+            if isinstance(param, click.Option) and param.name != "processes":
+                value = c.params.get(param.name or "")
+                if param.name == "metrics_port" and value is not None:
+                    value += slot
+                args += _option_args(param, value)
+        if c is ctx.parent:
+            args.append(ctx.info_name or "worker")
+    return args
+
+
+def _option_args(option: click.Option, value: object) -> list[str]:
+    if option.is_flag:
+        if option.secondary_opts and value is not None:
+            return [option.opts[0] if value else option.secondary_opts[0]]
+        return [option.opts[0]] if value else []
+    if value is None:
+        return []
+    long = max(option.opts, key=len)
+    return [long, str(value)]
 
 
 @main.command()

@@ -1,0 +1,120 @@
+"""``worker --processes``: real supervisor and worker processes, counted in /proc and the server registry."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from support import wait_until
+from test_processes import producer, records
+
+pytestmark = pytest.mark.slow
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (children, their children, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if state != "Z":
+            children.setdefault(int(ppid), []).append(int(entry.name))
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def free_ports(n: int) -> int:
+    """A port p such that p .. p+n-1 are free now."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n < 65536 and all(_free(base + i) for i in range(n)):
+            return base
+    raise AssertionError("no free port range")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_short_flag_starts_exactly_p_children_restarts_a_killed_one_and_stops_on_sigterm(
+    redis_url, namespace, rdb, spawn_worker
+) -> None:
+    app, m = producer(redis_url, namespace)
+    port = free_ports(2)
+    sup = spawn_worker("-p", "2", "-c", "3", "--metrics-port", str(port))
+    first = wait_until(lambda: len(app.broker.servers()) == 2 and app.broker.servers(), timeout=30)
+    time.sleep(1.5)  # a runaway supervisor would have spawned more by now
+    pids = {s["pid"] for s in first}
+    assert descendants(sup.pid) == pids
+    assert {s["concurrency"] for s in app.broker.servers()} == {3}  # options reach the children
+    for p in (port, port + 1):  # one metrics port per child
+        with urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics", timeout=5) as resp:
+            assert resp.status == 200
+    victim = first[0]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: len(app.broker.servers()) == 2 and victim not in {s["pid"] for s in app.broker.servers()},
+               timeout=30)
+    assert len(descendants(sup.pid)) == 2
+    m.noop.enqueue(n=1)
+    wait_until(lambda: records(rdb, namespace, "runs"))
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(20) == 0
+    assert not descendants(sup.pid)
+    wait_until(lambda: not app.broker.servers(), timeout=10)
+
+
+def test_children_failing_at_start_make_the_supervisor_give_up(redis_url, namespace, rdb, spawn_worker) -> None:
+    app, _ = producer(redis_url, namespace)
+    worker = spawn_worker()  # claims the namespace for environment "test"
+    wait_until(lambda: app.broker.servers())
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(20) == 0
+    t0 = time.monotonic()
+    sup = spawn_worker("-p", "2", env={"RINGFENCE_ENV": "staging", "TEST_RECORD_BOOTS": "1"})
+    code = sup.wait(60)
+    elapsed = time.monotonic() - t0
+    assert code == 1
+    boots = [b for b in records(rdb, namespace, "boots") if int(b[0]) != sup.pid]  # children only
+    assert 5 <= len(boots) <= 6  # gives up after 5 quick deaths in a row; the other child is stopped
+    assert elapsed < 30
+    assert not descendants(sup.pid)
+    assert "giving up: 5 workers in a row exited within 5s of starting (last exit code 2)" in sup.output()
+
+
+def test_supervisor_killed_takes_its_children_with_it(redis_url, namespace, spawn_worker) -> None:
+    app, _ = producer(redis_url, namespace)
+    sup = spawn_worker("--processes", "2")
+    servers = wait_until(lambda: len(app.broker.servers()) == 2 and app.broker.servers(), timeout=30)
+    sup.kill()
+    pids = [s["pid"] for s in servers]
+    wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), timeout=15)
+    wait_until(lambda: not app.broker.servers(), timeout=10)  # they left the registry: a graceful stop
+
+
+def test_bad_app_with_processes_fails_at_once(redis_url, namespace, spawn_worker) -> None:
+    sup = spawn_worker("-p", "2", "--app", "no_such_module:app")
+    assert sup.wait(20) == 2
+    assert not descendants(sup.pid)
