@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any, overload
 
@@ -81,6 +82,7 @@ class App:
         self._fence_store: Any = None
         self._redis_fence_store: Any = None
         self._failed_jobs: Any = None
+        self._stores_lock = threading.Lock()
 
     # -- wiring ---------------------------------------------------------------------------------
     @property
@@ -105,12 +107,14 @@ class App:
     def fence_store(self) -> Any:
         """The SQL fence store (``fence_url``; without one, SQLite ``./ringfence.db``, tables created)."""
         if self._fence_store is None:
-            from ringfence.fence import FenceStore
+            with self._stores_lock:  # the first jobs of a worker arrive together, from several threads
+                if self._fence_store is None:
+                    from ringfence.fence import FenceStore
 
-            url = self.fence_url or DEFAULT_FENCE_URL
-            self._fence_store = FenceStore(url)
-            if self._fence_store.engine.dialect.name == "sqlite":
-                self._fence_store.create_all()  # the embedded default needs no migration step
+                    store = FenceStore(self.fence_url or DEFAULT_FENCE_URL)
+                    if store.engine.dialect.name == "sqlite":
+                        store.create_all()  # the embedded default needs no migration step
+                    self._fence_store = store  # published only once its tables exist
         return self._fence_store
 
     @property
@@ -126,12 +130,21 @@ class App:
     def failed_jobs(self) -> Any:
         """The durable dead-letter table, when a fence database is configured; else None."""
         if self._failed_jobs is None and self.fence_url:
-            from ringfence.fence.failed import FailedJobs
+            engine = self.fence_store.engine
+            with self._stores_lock:
+                if self._failed_jobs is None:
+                    from ringfence.fence.failed import FailedJobs
 
-            self._failed_jobs = FailedJobs(self.fence_store.engine)
-            if self.fence_store.engine.dialect.name == "sqlite":
-                self._failed_jobs.create_all()
+                    failed = FailedJobs(engine)
+                    if engine.dialect.name == "sqlite":
+                        failed.create_all()
+                    self._failed_jobs = failed
         return self._failed_jobs
+
+    def prepare_fence_tables(self) -> None:
+        """Create a configured SQLite fence database's tables now (a worker at start), not in its first jobs."""
+        if self.fence_url and self.fence_url.startswith("sqlite"):
+            _ = self.fence_store, self.failed_jobs
 
     # -- declaration ----------------------------------------------------------------------------
     @overload

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Engine, MetaData, create_engine, insert, select, update
 
 from ..models import DeadJob
-from .schema import FAILED_JOBS_TABLE, db_now, failed_jobs_table
+from .schema import FAILED_JOBS_TABLE, create_tables, db_now, failed_jobs_table
 
 
 class FailedJobs:
@@ -19,7 +19,7 @@ class FailedJobs:
         self.table = failed_jobs_table(self.metadata, table_name)
 
     def create_all(self) -> None:
-        self.metadata.create_all(self.engine)
+        create_tables(self.metadata, self.engine)
 
     def record(self, job: DeadJob, spec: dict[str, Any]) -> None:
         with self.engine.begin() as conn:

@@ -13,6 +13,7 @@ compile to the dialect's own clock, so workers with skewed clocks agree.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from sqlalchemy import (
@@ -31,6 +32,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.dialects import mysql
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -103,8 +105,24 @@ def create_all(engine: Engine, *, table_name: str = DEFAULT_TABLE,
     md = MetaData()
     fence_table(md, table_name)
     failed_jobs_table(md, failed_jobs_name)
-    md.create_all(engine)
+    create_tables(md, engine)
     return md
+
+
+def create_tables(metadata: MetaData, engine: Engine, *, attempts: int = 10) -> None:
+    """``metadata.create_all`` that tolerates another process creating the same tables at the same moment.
+
+    The existence check and the CREATE are separate statements: a process that loses the race gets
+    "already exists" (or, on SQLite, "database is locked"); checking again then finds the tables.
+    """
+    for attempt in range(attempts):
+        try:
+            metadata.create_all(engine)
+            return
+        except DBAPIError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.02 * (attempt + 1))
 
 
 def ddl(dialect: str, *, table_name: str = DEFAULT_TABLE, failed_jobs_name: str = FAILED_JOBS_TABLE) -> str:

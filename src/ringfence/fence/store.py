@@ -42,7 +42,7 @@ from sqlalchemy.exc import IntegrityError
 from ..errors import FencedOut, FenceError
 from . import complete as _complete
 from .model import COMPLETABLE, FenceRow, FenceState, Owner, provider_key
-from .schema import DEFAULT_TABLE, db_now, db_now_plus, fence_table
+from .schema import DEFAULT_TABLE, create_tables, db_now, db_now_plus, fence_table
 
 
 class FenceStore:
@@ -58,8 +58,8 @@ class FenceStore:
         self.table = fence_table(self.metadata, table_name)
 
     def create_all(self) -> None:
-        """Create the fence table and its indexes if missing."""
-        self.metadata.create_all(self.engine)
+        """Create the fence table and its indexes if missing (safe when several processes race)."""
+        create_tables(self.metadata, self.engine)
 
     def drop_all(self) -> None:
         """Drop the fence table (tests, teardown)."""

@@ -104,6 +104,7 @@ class Worker:
 
     async def run(self) -> int:
         await self._guard_environment()
+        await asyncio.to_thread(self.app.prepare_fence_tables)  # not raced by the first jobs
         names = [q for q, _ in self.queues]
         await self.broker.aregister_queues(names)
         for name, task in sorted(self.app.registry.tasks.items()):
