@@ -21,7 +21,7 @@ from ringfence.settings import (
     check_name,
     env_default,
 )
-from ringfence.tasks import Registry, RetryDelay, Task, enqueue_options
+from ringfence.tasks import Registry, RetryDelay, Task, check_seconds, enqueue_options
 
 log = logging.getLogger("ringfence")
 
@@ -63,6 +63,8 @@ class App:
         self.worker_settings = worker or WorkerSettings()
         check(self.worker_settings.problems())
         self.default_retry = retry or RetryPolicy()
+        check_seconds("timeout_s", timeout_s, minimum=None)
+        check_seconds("expiry_s", expiry_s, minimum=None)
         self.default_timeout_s = timeout_s
         self.default_expiry_s = expiry_s
         self.fence_url = fence_url or env_default("RINGFENCE_FENCE_URL")
@@ -187,6 +189,10 @@ class App:
         if dependency is not None:
             check_name("dependency", dependency)
             self.breakers.setdefault(dependency, BreakerPolicy())
+        check_seconds("unique_for", unique_for, minimum=None)
+        check_seconds("timeout_s", timeout_s, minimum=None)
+        if expiry_s is not _DEFAULT:
+            check_seconds("expiry_s", expiry_s, minimum=None)
         if concurrency is not None and concurrency < 1:
             raise ConfigError(f"concurrency={concurrency} must be >= 1 (jobs of this task at once, all workers)")
         policy = retry or self.default_retry
@@ -273,12 +279,25 @@ class App:
         check(problems)
 
     # -- producing ------------------------------------------------------------------------------
-    def enqueue_many(self, task: Task, payloads: Iterable[Any], **options: Any) -> list[str]:
-        """Enqueue many jobs of one task in one round trip per queue; returns their ids in order."""
-        return self.client.enqueue_many(task, payloads, enqueue_options(**options))
+    def enqueue(self, task: Task | str, /, **fields: Any) -> str:
+        """Enqueue one job of a task of this app, given as the Task or its registered name."""
+        return self.client.enqueue(self.resolve(task), fields, enqueue_options())
 
-    async def aenqueue_many(self, task: Task, payloads: Iterable[Any], **options: Any) -> list[str]:
-        return await self.client.aenqueue_many(task, payloads, enqueue_options(**options))
+    def enqueue_many(self, task: Task | str, payloads: Iterable[Any], **options: Any) -> list[str]:
+        """Enqueue many jobs of one task in one round trip per queue; returns their ids in order."""
+        return self.client.enqueue_many(self.resolve(task), payloads, enqueue_options(**options))
+
+    async def aenqueue_many(self, task: Task | str, payloads: Iterable[Any], **options: Any) -> list[str]:
+        return await self.client.aenqueue_many(self.resolve(task), payloads, enqueue_options(**options))
+
+    def resolve(self, task: Task | str) -> Task:
+        """The registered Task named by ``task``; an unknown name (or another app's task) is refused."""
+        name = task if isinstance(task, str) else getattr(task, "name", None)
+        found = self.registry.get(name) if isinstance(name, str) else None
+        if found is None or (not isinstance(task, str) and found is not task):
+            known = ", ".join(sorted(self.registry.tasks)) or "none"
+            raise ConfigError(f"task {name or task!r} is not registered in this app; known: {known}")
+        return found
 
     def close(self) -> None:
         if self._broker is not None:

@@ -12,10 +12,14 @@ through upcasters, every older one it declares.
 from __future__ import annotations
 
 import inspect
+import math
+import typing
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NotRequired, Required
 
-from pydantic import BaseModel, ValidationError
+import orjson
+from pydantic import BaseModel, PydanticSchemaGenerationError, TypeAdapter, ValidationError
+from typing_extensions import TypedDict  # pydantic needs this one below Python 3.12
 
 from ringfence.errors import ConfigError, PayloadError, PayloadTooNew
 
@@ -36,12 +40,13 @@ class PayloadCodec:
         self.model = model
         self.upcasters: dict[int, Upcaster] = {}
         params = list(inspect.signature(fn).parameters.values())
-        if not params:
-            raise ConfigError(f"task {task_name!r}: a handler takes the job context as its first argument")
+        check_context_parameter(task_name, params)
         if model is not None and len(params) != 2:
             raise ConfigError(f"task {task_name!r}: with payload={model.__name__} the handler takes (ctx, payload)")
-        self._params = {p.name: p for p in params[1:]}
+        self._params = {p.name: p for p in params[1:] if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
         self._takes_any = any(p.kind is p.VAR_KEYWORD for p in params[1:])
+        # Plain handlers: the parameters after ctx, checked in pydantic's strict JSON mode (built once).
+        self._adapter = None if model is not None else signature_adapter(task_name, fn, list(self._params.values()))
 
     # -- declaration ----------------------------------------------------------------------------
     def add_upcaster(self, from_version: int, fn: Upcaster) -> None:
@@ -63,18 +68,39 @@ class PayloadCodec:
     def encode(self, payload: Any) -> dict[str, Any]:
         """The JSON-ready payload of the current version, validated; errors name the field."""
         if self.model is not None:
-            if isinstance(payload, self.model):
-                return payload.model_dump(mode="json")
-            if not isinstance(payload, dict):
+            if not isinstance(payload, self.model | dict):
                 raise PayloadError(f"task {self.task!r}: pass {self.model.__name__} fields as keywords or an instance")
             try:
-                return self.model.model_validate(payload).model_dump(mode="json")
+                instance = payload if isinstance(payload, self.model) else self.model.model_validate(payload)
             except ValidationError as exc:
                 raise PayloadError(f"task {self.task!r} version {self.version}: {_explain(exc)}") from exc
+            # The model declares its richer types and converts them; a non-finite float it would store as null.
+            self._refuse(non_finite(instance.model_dump(), "payload"))
+            return instance.model_dump(mode="json")
         if not isinstance(payload, dict):
             raise PayloadError(f"task {self.task!r}: a payload is a dict of fields, got {type(payload).__name__}")
+        self._refuse(json_problem(payload, "payload"))
         self.check_fields(payload)
+        self.validate(payload)
         return payload
+
+    def _refuse(self, problem: str | None) -> None:
+        if problem is not None:
+            raise PayloadError(f"task {self.task!r}: {problem}")
+
+    def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """A plain handler's fields checked against its annotations (strict: no "5" or 5.0 for an int);
+        returns them as the handler receives them."""
+        if self._adapter is None:
+            return payload
+        declared = {k: v for k, v in payload.items() if k in self._params}
+        try:
+            checked: dict[str, Any] = self._adapter.validate_json(orjson.dumps(declared), strict=True)
+        except ValidationError as exc:
+            raise PayloadError(f"task {self.task!r}: {_explain(exc)}") from exc
+        except orjson.JSONEncodeError as exc:
+            raise PayloadError(f"task {self.task!r}: {json_problem(declared, 'payload') or exc}") from exc
+        return {**payload, **checked}
 
     def check_fields(self, payload: dict[str, Any]) -> None:
         """For keyword payloads: no unknown field, no missing required one."""
@@ -103,9 +129,9 @@ class PayloadCodec:
                                    f"{self.understood()}): {_explain(exc)}") from exc
         try:
             self.check_fields(data)
+            return (), self.validate(data)
         except PayloadError as exc:
             raise PayloadError(f"{exc} (payload version {version}, understood: {self.understood()})") from exc
-        return (), data
 
     def upcast(self, version: int, payload: dict[str, Any]) -> dict[str, Any]:
         data = payload
@@ -122,11 +148,100 @@ class PayloadCodec:
         return data
 
 
+CONTEXT_NAMES = ("ctx", "context", "_ctx", "_context")
+
+
+def check_context_parameter(task: str, params: list[inspect.Parameter]) -> None:
+    """The first parameter receives the job context: positional, and named ctx/context or annotated JobContext."""
+    first = params[0] if params else None
+    positional = first is not None and first.kind in (first.POSITIONAL_ONLY, first.POSITIONAL_OR_KEYWORD)
+    annotation = "" if first is None or first.annotation is first.empty else first.annotation
+    named = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    if first is None or not positional or not (first.name in CONTEXT_NAMES or named.endswith("JobContext")):
+        got = "no parameter" if first is None else f"parameter {first.name!r}"
+        raise ConfigError(f"task {task!r}: the handler's first parameter receives the job context, got {got}; "
+                          "name it ctx (or context) or annotate it JobContext")
+
+
+def signature_adapter(task: str, fn: Callable[..., Any], params: list[inspect.Parameter]) -> TypeAdapter[Any]:
+    """A TypeAdapter of a TypedDict of the handler's payload parameters (unannotated ones are Any)."""
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except Exception:  # a local or misspelt name in some annotation: resolve them one by one below
+        hints = {}
+    fields: dict[str, Any] = {}
+    for p in params:
+        annotation = hints.get(p.name, Any if p.annotation is p.empty else p.annotation)
+        if isinstance(annotation, str):
+            try:
+                annotation = eval(annotation, getattr(fn, "__globals__", {}))
+            except Exception as exc:
+                raise ConfigError(f"task {task!r}: the annotation {annotation!r} of parameter {p.name!r} cannot be "
+                                  f"resolved ({type(exc).__name__}: {exc}); import the type at module level") from exc
+        fields[p.name] = Required[annotation] if p.default is p.empty else NotRequired[annotation]
+    try:
+        return TypeAdapter(TypedDict(f"{task}_payload", fields))  # type: ignore[operator]
+    except (PydanticSchemaGenerationError, TypeError) as exc:
+        raise ConfigError(f"task {task!r}: the handler's annotations cannot be checked as JSON ({exc}); use JSON "
+                          "types or declare payload=Model") from exc
+
+
+_INT_RANGE = (-(2**63), 2**64)  # what JSON (orjson) stores exactly
+
+
+def json_problem(value: Any, path: str) -> str | None:
+    """Why ``value`` is not plain JSON, naming the field (``payload.items[2]``); None when it is.
+
+    Only dict (str keys), list, tuple, str, int, float (finite), bool and None: anything else would be converted
+    silently (datetime, UUID, dataclass, enum) or stored as something else (NaN and Infinity as null)."""
+    kind = type(value)
+    if value is None or kind in (str, bool):
+        return None
+    if kind is int:
+        inside = _INT_RANGE[0] <= value < _INT_RANGE[1]
+        return None if inside else f"field {path}={value} is outside JSON's 64-bit range"
+    if kind is float:
+        return None if math.isfinite(value) else f"field {path}={value!r}: NaN and Infinity are not JSON"
+    if kind is dict:
+        for k, v in value.items():
+            if type(k) is not str:
+                return f"field {path} has a key {k!r} ({type(k).__name__}); JSON keys are strings"
+            problem = json_problem(v, _join(path, k))
+            if problem:
+                return problem
+        return None
+    if kind in (list, tuple):
+        for i, v in enumerate(value):
+            problem = json_problem(v, f"{path}[{i}]")
+            if problem:
+                return problem
+        return None
+    return (f"field {path} holds a {kind.__name__}, which is not JSON; pass plain values (str, int, float, bool, "
+            "None, lists, dicts) or declare a payload model (payload=Model) that converts it")
+
+
+def non_finite(value: Any, path: str) -> str | None:
+    """The first NaN or Infinity in a dumped payload model, naming the field."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"field {path}={value!r}: NaN and Infinity are not JSON"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+    for k, v in items:
+        problem = non_finite(v, _join(path, k) if isinstance(value, dict) else f"{path}[{k}]")
+        if problem:
+            return problem
+    return None
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
 def _explain(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
         loc = ".".join(str(x) for x in err["loc"]) or "(payload)"
-        parts.append(f"field {loc}: {err['msg']}")
+        got = f" (got {err['input']!r})" if err["type"] != "missing" and "input" in err else ""
+        parts.append(f"field {loc}: {err['msg']}{got}")
     return "; ".join(parts)
 
 

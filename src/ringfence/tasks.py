@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -103,6 +104,25 @@ class EnqueueOptions:
     unique_for: float | None = None
     unique_key: str | Callable[[dict[str, Any]], str] | None = None
     raise_on_duplicate: bool = False
+
+    def __post_init__(self) -> None:
+        check_seconds("delay_s", self.delay_s, minimum=0.0)
+        for name in ("timeout_s", "expiry_s", "unique_for"):
+            check_seconds(name, getattr(self, name), minimum=None)
+        if self.run_at is not None and not isinstance(self.run_at, datetime):
+            raise ConfigError(f"enqueue option run_at={self.run_at!r} must be a datetime with a timezone")
+        if self.max_attempts is not None and type(self.max_attempts) is not int:
+            raise ConfigError(f"enqueue option max_attempts={self.max_attempts!r} must be an int")
+
+
+def check_seconds(name: str, value: Any, *, minimum: float | None) -> None:
+    """A duration option: None (off), or a finite number of seconds >= minimum (None: > 0)."""
+    if value is None:
+        return
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or (value < minimum if minimum is not None else value <= 0):
+        bound = f">= {minimum:g}" if minimum is not None else "> 0"
+        raise ConfigError(f"option {name}={value!r} must be a finite number of seconds {bound} (or None)")
 
 
 def enqueue_options(**options: Any) -> EnqueueOptions:
