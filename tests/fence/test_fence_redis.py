@@ -77,3 +77,20 @@ def test_a_lost_key_runs_again(fence_redis: Any, provider: Provider, make_owner:
     fence_redis.redis.delete(fence_redis.key(subject, "rebuild"))
     rebuild(fence_redis, make_owner(), subject, provider)
     assert len(provider.calls) == 2
+
+
+def test_subject_and_step_never_share_a_key(fence_redis: Any, provider: Provider, make_owner: OwnerFactory) -> None:
+    """('order:1', 'refund:charge') and ('order:1:refund', 'charge') once shared one key: the second step
+    reported done and its effect never ran."""
+    base = f"order:{uuid.uuid4().hex}"
+    pairs = [(base, "refund:charge"), (f"{base}:refund", "charge"), (f"{base}:refund:charge", "")]
+    assert len({fence_redis.key(s, st) for s, st in pairs}) == len(pairs)
+    refs = []
+    for subject, step_name in pairs:
+        with Fences(fence_redis, make_owner()).open(subject, step_name, params={"v": 1}) as step:
+            assert not step.done
+            refs.append(step.effect(lambda: provider.charge(1, idempotency_key=step.key)))
+    assert len(provider.calls) == len(pairs) and len(set(refs)) == len(pairs)
+    assert [fence_redis.get(s, st).state for s, st in pairs] == [FenceState.COMPLETED] * len(pairs)
+    for subject, step_name in pairs:
+        fence_redis.redis.delete(fence_redis.key(subject, step_name))

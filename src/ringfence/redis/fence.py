@@ -88,7 +88,7 @@ NOW, NIL = "\0now", "\0nil"
 
 
 class RedisFenceStore:
-    """Fences in Redis hashes (``{prefix}:fence:{subject}:{step}``). See the module docstring.
+    """Fences in Redis hashes (``{prefix}:fence:{len(subject)}:{subject}:{step}``). See the module docstring.
 
     ``ttl_s`` bounds how long an unfinished fence stays (``None``: no TTL); a completed
     one keeps its step's ``retention_s`` (``None``: persisted).
@@ -103,8 +103,9 @@ class RedisFenceStore:
         self._read = self.redis.register_script(_READ)
 
     def key(self, subject: str, step: str) -> str:
-        """The Redis key of a fence."""
-        return f"{self.prefix}:fence:{subject}:{step}"
+        """The Redis key of a fence: the subject's length first, so no two (subject, step) pairs share a key
+        (``order:1`` + ``refund:charge`` vs ``order:1:refund`` + ``charge``) and the key stays readable."""
+        return f"{self.prefix}:fence:{len(subject)}:{subject}:{step}"
 
     def _get(self, subject: str, step: str) -> tuple[int, FenceRow | None]:
         now, flat = self._read(keys=[self.key(subject, step)])
