@@ -89,7 +89,7 @@ BAD_FIELDS = [
 
 @pytest.mark.parametrize(("fields", "expected"), BAD_FIELDS, ids=[e for _, e in BAD_FIELDS])
 def test_bad_plain_payload_is_refused_naming_the_field(make_app, rdb, namespace, fields, expected) -> None:
-    app, charge, _ = _app(make_app)
+    _, charge, _ = _app(make_app)
     with pytest.raises(PayloadError) as err:
         charge.enqueue(**fields)
     message = str(err.value)
@@ -102,7 +102,7 @@ def test_model_payload_declares_its_richer_types_but_refuses_non_finite_numbers(
     at = datetime(2024, 5, 1, 12, tzinfo=UTC)
     stamped.enqueue(order_id=1, at=at)  # the model declares `at: datetime`: converted to JSON by the model
     for bad in (math.nan, math.inf):
-        with pytest.raises(PayloadError, match="payload.ratio=(nan|inf): NaN and Infinity are not JSON"):
+        with pytest.raises(PayloadError, match=r"payload\.ratio=(nan|inf): NaN and Infinity are not JSON"):
             stamped.enqueue(Stamped(order_id=1, at=at, ratio=bad))
     assert len(_stored_jobs(rdb, namespace)) == 1
 
@@ -195,9 +195,9 @@ def test_bad_task_option_is_refused_at_registration(make_app, option, value) -> 
 
 
 def test_enqueue_by_an_unknown_task_name_is_refused(make_app, rdb, namespace) -> None:
-    app, charge, _ = _app(make_app)
+    app, _, _ = _app(make_app)
     assert app.enqueue("charge", order_id=1)
-    other, other_charge, _ = _app(make_app)
+    _, other_charge, _ = _app(make_app)
     for task in ("chrage", other_charge):
         with pytest.raises(ConfigError, match="is not registered in this app; known: charge, stamped"):
             app.enqueue_many(task, [{"order_id": 1}])

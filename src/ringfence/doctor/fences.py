@@ -36,7 +36,8 @@ def in_doubt(ctx: Context) -> Iterator[Finding]:
         hypothesis="a run died after the provider call left and before its answer was recorded; nobody can "
                    "tell whether the effect happened",
         remedy="look each one up at the provider by its provider_key, then "
-               "`ringfence fence resolve SUBJECT STEP --happened/--not-happened [--reference REF]`",
+               "`ringfence fence resolve SUBJECT STEP --done --reference REF` if it happened, else "
+               "`ringfence fence resolve SUBJECT STEP --not-done`; then `ringfence dead replay JOB_ID`",
         numbers={"in_doubt": len(old), "oldest_s": round(ages[0], 1)})
 
 
@@ -44,7 +45,8 @@ def in_doubt(ctx: Context) -> Iterator[Finding]:
 def effects(ctx: Context) -> Iterator[Finding]:
     if ctx.effects is None or ctx.step is None or _store(ctx) is None:
         yield Finding("effects", Status.SKIPPED,
-                      symptom="no effects source given: pass --step and --effects, or run `ringfence reconcile`")
+                      symptom="no effects source given: pass --step and --effects, or run "
+                              "`ringfence reconcile --step STEP --effects FILE`")
         return
     from ringfence.reconcile import reconcile
 
@@ -57,7 +59,7 @@ def effects(ctx: Context) -> Iterator[Finding]:
                      f"({r.effects} effects, {r.fences} fences)"),
             hypothesis="a code path calls the provider without the fence, or the provider key is not forwarded",
             remedy="route every call through ctx.fence(...) and pass step.key as the idempotency key; refund "
-                   "the doubles (`ringfence reconcile --json` lists them)",
+                   "the doubles (`ringfence reconcile --step STEP --effects FILE --json` lists them)",
             numbers={"double_effects": r.double_effects[:20], "unfenced": r.unfenced[:20]})
     if r.without_reference:
         yield Finding(

@@ -55,6 +55,7 @@ class Thresholds:
     wave_window_s: float = 900.0      # look-back for error waves (bad payloads, newer versions)
     wave_warn: int = 1                # bad_payload dead jobs within the window that make a wave
     orphan_window_s: float = 3600.0   # look-back for orphaned attempts
+    stuck_grace_s: float = 30.0       # an expired lease live workers have not recovered after this
     in_doubt_older_than_s: float = 0.0  # in-doubt fences older than this are reported (0: all)
 
 

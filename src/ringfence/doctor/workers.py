@@ -82,24 +82,56 @@ def _recent_dead(ctx: Context, queue: str, cutoff_ms: int, reasons: set[str]) ->
 
 @check("orphaned", "no attempt was orphaned recently", cheap=False)
 def orphaned(ctx: Context) -> Iterator[Finding]:
-    cutoff_ms = int((time.time() - ctx.thresholds.orphan_window_s) * 1000)
+    window = ctx.thresholds.orphan_window_s
+    now_ms = ctx.broker.clock()
+    cutoff_ms = now_ms - int(window * 1000)
     for name in ctx.after.queues:
         total = ctx.after.stat(name, "orphaned")
         if not total:
             continue
+        # The history goes with an acked job, so a recovered job that then succeeded leaves only the counter
+        # and the time of the latest orphan (set by the recover script).
+        last_ms = ctx.after.stat(name, "orphaned_last_ms")
         recent = [e for e in observe.history_sample(ctx.broker, name)
                   if e.get("orphaned") and int(e.get("at", 0)) >= cutoff_ms]
-        if not recent:
+        if not recent and last_ms < cutoff_ms:
             continue
+        ago = f", the latest {max(0, now_ms - last_ms) / 1000:.0f}s ago" if last_ms else ""
         yield Finding(
             "orphaned", Status.WARNING, subject=name,
-            symptom=(f"queue {name}: {len(recent)} attempt(s) orphaned in the last "
-                     f"{ctx.thresholds.orphan_window_s:g}s ({total} since the start); their workers died "
-                     "or stopped heartbeating while the jobs ran"),
+            symptom=(f"queue {name}: attempts orphaned within the last {window:g}s{ago} ({total} since the start, "
+                     f"{len(recent)} on jobs still in Redis); their workers died or stopped heartbeating while "
+                     "the jobs ran"),
             hypothesis="workers killed mid-job (SIGKILL, OOM, a deploy whose grace is shorter than the jobs)",
             remedy="give the platform's kill grace > shutdown_timeout_s > job durations; fence every external "
                    "effect so the rerun is empty",
-            numbers={"recent": len(recent), "total": total})
+            numbers={"recent": len(recent), "total": total,
+                     "last_s_ago": round((now_ms - last_ms) / 1000, 1) if last_ms else None})
+
+
+@check("stuck_active", "every active job has a live lease or a live worker to recover it")
+def stuck_active(ctx: Context) -> Iterator[Finding]:
+    grace_s = ctx.thresholds.stuck_grace_s
+    for name, q in ctx.after.queues.items():
+        if not q["active"]:
+            continue
+        expired, oldest_s = observe.expired_leases(ctx.broker, name)
+        if ctx.after.servers and (not expired or oldest_s < grace_s):
+            continue  # live workers recover expired leases every recover_interval_s
+        if not ctx.after.servers:
+            symptom = (f"queue {name}: {q['active']} job(s) active but no live worker on this namespace "
+                       f"({expired} past their lease, the oldest by {oldest_s:.0f}s)")
+            hypothesis = "the worker that ran them died (SIGKILL, OOM, a lost host); only a live worker recovers them"
+            remedy = "start a worker on this namespace: it returns the jobs to the queue (marked orphaned)"
+        else:
+            symptom = (f"queue {name}: {expired} active job(s) past their lease for up to {oldest_s:.0f}s "
+                       f"(>= {grace_s:g}s) although {len(ctx.after.servers)} worker(s) are live")
+            hypothesis = "the live workers do not recover them: they run against another Redis or namespace, or hang"
+            remedy = "check the workers' RINGFENCE_REDIS_URL/NAMESPACE (`ringfence servers`) and their logs"
+        yield Finding("stuck_active", Status.FAILURE, subject=name, symptom=symptom, hypothesis=hypothesis,
+                      remedy=remedy, numbers={"active": q["active"], "expired": expired,
+                                              "oldest_expired_s": round(oldest_s, 1),
+                                              "servers": len(ctx.after.servers)})
 
 
 @check("shutdown_timeout", "jobs finish within the servers' shutdown_timeout_s")

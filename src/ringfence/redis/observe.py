@@ -73,6 +73,15 @@ def history_sample(broker: Broker, queue: str, count: int = 1000) -> list[dict[s
     return entries
 
 
+def expired_leases(broker: Broker, queue: str) -> tuple[int, float]:
+    """Active jobs whose lease deadline has passed: (how many, seconds since the oldest deadline)."""
+    k = broker.keys.queue(queue)
+    now = broker.clock()
+    expired = int(broker.sync.zcount(k.active, "-inf", now))
+    oldest = broker.sync.zrange(k.active, 0, 0, withscores=True) if expired else []
+    return expired, (max(0.0, (now - float(oldest[0][1])) / 1000) if oldest else 0.0)
+
+
 # -- alert state -----------------------------------------------------------------------------------
 def _alerts_key(broker: Broker) -> str:
     return f"{broker.keys.ns}:alerts"

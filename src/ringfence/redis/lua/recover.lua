@@ -27,6 +27,7 @@ for _, id in ipairs(ids) do
 end
 if #ids > 0 then
   redis.call('HINCRBY', KEYS[6], 'orphaned', #ids)
+  redis.call('HSET', KEYS[6], 'orphaned_last_ms', now)  -- the doctor: when the latest orphan happened
   if redis.call('ZCOUNT', KEYS[7], now, '+inf') > 0 then redis.call('PUBLISH', ARGV[3], #ids) end
 end
 return ids
