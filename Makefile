@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench chaos clean
 
 $(BIN)/ringfence: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,10 @@ lint: setup
 
 bench: setup
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# Every fault of issue 9 at once against real workers (docs/chaos.md); e.g. CHAOS_ARGS="--db mariadb --orders 5000".
+chaos: setup
+	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,147 @@
+"""The verdict: per-order, per-job and per-worker checks over the collected ledger, per fault kind and in total."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from bench.chaos.config import KINDS
+
+# One row per order that was enqueued: its provider charges, its fence, and whether a dead job names it.
+ORDER_VIEW = """
+CREATE TEMP VIEW verdict AS
+SELECT o.order_id,
+       COALESCE(c.n, 0) AS charges,
+       f.state AS state,
+       EXISTS (SELECT 1 FROM jobs j JOIN dead d ON d.job_id = j.job_id
+               WHERE j.order_id = o.order_id AND d.reason <> '') AS dead_named,
+       CASE WHEN f.state = 'completed' AND (r.charge_id IS NULL OR r.charge_id <> f.reference
+                 OR NOT EXISTS (SELECT 1 FROM p.charges x WHERE x.order_id = o.order_id
+                                AND 'ch_' || x.id = f.reference)) THEN 1 ELSE 0 END AS mismatch
+FROM (SELECT DISTINCT order_id FROM jobs WHERE sent = 1) o
+LEFT JOIN (SELECT order_id, count(*) AS n FROM p.charges GROUP BY order_id) c ON c.order_id = o.order_id
+LEFT JOIN fences f ON f.order_id = o.order_id
+LEFT JOIN orders r ON r.order_id = o.order_id;
+CREATE TEMP VIEW settled AS
+SELECT order_id, charges, state, mismatch,
+       COALESCE(state = 'completed' OR (state = 'in_doubt' AND dead_named), 0) AS ok FROM verdict;
+"""
+
+PID = "CAST(substr(q.worker, instr(q.worker, ':') + 1) AS INTEGER)"
+
+
+def touched_sql(kind: str, window_s: float) -> str:
+    """SQL selecting the orders a fault kind touched."""
+    if kind in ("kill", "term", "points"):
+        pid_kind = {"kill": "killed", "term": "termed", "points": "self_killed"}[kind]
+        return (f"SELECT DISTINCT q.order_id FROM p.requests q JOIN pids k ON k.pid = {PID} "
+                f"AND k.kind = '{pid_kind}' AND q.ts BETWEEN k.t_end - {window_s} AND k.t_end")
+    if kind in ("doomed", "duplicates"):
+        col = "doomed" if kind == "doomed" else "dup"
+        return f"SELECT DISTINCT order_id FROM jobs WHERE sent = 1 AND {col} = 1"
+    if kind in ("redis-restart", "oom", "db-kill"):
+        return (f"SELECT DISTINCT q.order_id FROM p.requests q JOIN events e ON e.kind = '{kind}' "
+                f"AND q.ts BETWEEN e.t0 AND e.t1 + {window_s}")
+    if kind == "skew":
+        return "SELECT DISTINCT order_id FROM p.requests WHERE worker LIKE 'skew:%'"
+    return f"SELECT DISTINCT order_id FROM p.requests WHERE fault = '{kind.removeprefix('provider-')}'"
+
+
+def injected_sql(kind: str) -> str:
+    if kind in ("kill", "term", "points"):
+        pid_kind = {"kill": "killed", "term": "termed", "points": "self_killed"}[kind]
+        return f"SELECT count(*) FROM pids WHERE kind = '{pid_kind}'"
+    if kind in ("doomed", "duplicates"):
+        return f"SELECT count(*) FROM jobs WHERE sent = 1 AND {'doomed' if kind == 'doomed' else 'dup'} = 1"
+    if kind in ("redis-restart", "oom", "db-kill"):
+        return f"SELECT count(*) FROM events WHERE kind = '{kind}'"
+    if kind == "skew":
+        return "SELECT count(*) FROM p.requests WHERE worker LIKE 'skew:%'"
+    return f"SELECT count(*) FROM p.requests WHERE fault = '{kind.removeprefix('provider-')}'"
+
+
+@dataclass
+class Figures:
+    """Counts over a set of orders (all of them, or those one fault kind touched)."""
+
+    kind: str
+    injected: int
+    orders: int
+    charged_once: int
+    charged_0: int
+    charged_2plus: int
+    completed: int
+    in_doubt: int
+    unsettled: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def figures(db: sqlite3.Connection, kind: str, injected: int, where: str) -> Figures:
+    row = db.execute(f"""SELECT count(*), sum(charges = 1), sum(charges = 0), sum(charges >= 2),
+                                sum(state = 'completed'), sum(state = 'in_doubt'), sum(NOT ok)
+                         FROM settled WHERE {where}""").fetchone()
+    n, once, zero, multi, completed, doubt, bad = (int(x or 0) for x in row)
+    return Figures(kind, injected, n, once, zero, multi, completed, doubt, bad)
+
+
+def per_fault(db: sqlite3.Connection, kinds: list[str], window_s: float) -> list[Figures]:
+    out = []
+    for kind in kinds:
+        injected = int(db.execute(injected_sql(kind)).fetchone()[0])
+        out.append(figures(db, kind, injected, f"order_id IN ({touched_sql(kind, window_s)})"))
+    return out
+
+
+def job_counts(db: sqlite3.Connection) -> dict[str, int]:
+    row = db.execute("""
+        SELECT count(*),
+               sum(d.job_id IS NOT NULL),
+               sum(d.job_id IS NULL AND q.job_id IS NULL AND a.job_id IS NOT NULL),
+               sum(d.job_id IS NULL AND q.job_id IS NOT NULL),
+               sum(d.job_id IS NULL AND q.job_id IS NULL AND a.job_id IS NULL),
+               sum(a.outcome = 'duplicate')
+        FROM jobs j LEFT JOIN dead d ON d.job_id = j.job_id LEFT JOIN queued q ON q.job_id = j.job_id
+        LEFT JOIN acked a ON a.job_id = j.job_id WHERE j.sent = 1""").fetchone()
+    keys = ("enqueued", "dead", "acked", "unfinished", "lost", "acked_as_duplicate")
+    out = {k: int(v or 0) for k, v in zip(keys, row, strict=True)}
+    out["not_sent"] = int(db.execute("SELECT count(*) FROM jobs WHERE sent = 0").fetchone()[0])
+    out["dead_without_row"] = int(db.execute(
+        "SELECT count(*) FROM dead d WHERE NOT EXISTS (SELECT 1 FROM failed f WHERE f.job_id = d.job_id)"
+    ).fetchone()[0])
+    out["dead_without_reason"] = int(db.execute("SELECT count(*) FROM dead WHERE reason = ''").fetchone()[0])
+    return out
+
+
+def dead_reasons(db: sqlite3.Connection) -> dict[str, int]:
+    return {str(r): int(n) for r, n in db.execute("SELECT reason, count(*) FROM dead GROUP BY reason ORDER BY 2 DESC")}
+
+
+def samples(db: sqlite3.Connection, limit: int = 10) -> dict[str, list[Any]]:
+    """A few offending orders per failure, for the report (the run's directory has the rest with --keep)."""
+    q = {
+        "charged_0": "SELECT order_id, state FROM settled WHERE charges = 0",
+        "charged_2plus": "SELECT order_id, charges, state FROM settled WHERE charges >= 2",
+        "unsettled": "SELECT order_id, state, charges FROM settled WHERE NOT ok",
+        "local_mismatch": "SELECT order_id FROM settled WHERE mismatch = 1",
+    }
+    return {k: [list(r) for r in db.execute(f"{sql} ORDER BY order_id LIMIT {limit}")] for k, sql in q.items()}
+
+
+def verdict(db: sqlite3.Connection, kinds: list[str], window_s: float) -> dict[str, Any]:
+    """Every figure and sample the report prints (no pass/fail here: see ``run.checks``)."""
+    db.executescript(ORDER_VIEW)
+    total = figures(db, "total", 0, "1")
+    mismatch = int(db.execute("SELECT count(*) FROM settled WHERE mismatch = 1").fetchone()[0])
+    lookups = db.execute("SELECT count(*), sum(found) FROM p.lookups").fetchone()
+    return {
+        "total": total.as_dict(),
+        "faults": [f.as_dict() for f in per_fault(db, [k for k in KINDS if k in kinds], window_s)],
+        "jobs": job_counts(db),
+        "dead_reasons": dead_reasons(db),
+        "local_mismatch": mismatch,
+        "reconcile_lookups": {"calls": int(lookups[0] or 0), "adopted": int(lookups[1] or 0)},
+        "samples": samples(db),
+    }

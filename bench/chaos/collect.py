@@ -1,0 +1,93 @@
+"""After the run: copy what every party recorded into the driver's ledger (SQLite), in batches.
+
+Sources: the provider's ledger (attached as ``p``), the app's database (fences, orders, acks, failed jobs),
+the private Redis (jobs still queued, dead jobs), and the driver's own events. Memory stays bounded for
+any number of orders: rows stream through in chunks.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import orjson
+import redis
+from sqlalchemy import Engine, select
+
+from bench.chaos.app import QUEUE, done, orders
+from bench.chaos.faults import Event
+from ringfence.fence.schema import FAILED_JOBS_TABLE, failed_jobs_table, fence_table
+from ringfence.redis.keys import Keys
+
+CHUNK = 5000
+TABLES = """
+CREATE TABLE fences (order_id INTEGER PRIMARY KEY, state TEXT, reference TEXT, epoch INTEGER);
+CREATE TABLE orders (order_id INTEGER PRIMARY KEY, provider TEXT, charge_id TEXT);
+CREATE TABLE acked (job_id TEXT PRIMARY KEY, outcome TEXT);
+CREATE TABLE failed (job_id TEXT, reason TEXT);
+CREATE TABLE queued (job_id TEXT PRIMARY KEY);
+CREATE TABLE dead (job_id TEXT PRIMARY KEY, reason TEXT, error TEXT);
+CREATE TABLE events (kind TEXT, t0 REAL, t1 REAL, detail TEXT);
+CREATE TABLE pids (kind TEXT, pid INTEGER, t_end REAL);
+"""
+
+
+def _chunks(rows: Iterable[Any]) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for row in rows:
+        chunk.append(tuple(row))
+        if len(chunk) >= CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _copy(ledger: sqlite3.Connection, table: str, rows: Iterable[Any], width: int) -> None:
+    marks = ", ".join("?" * width)
+    for chunk in _chunks(rows):
+        ledger.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({marks})", chunk)
+
+
+def collect_database(ledger: sqlite3.Connection, engine: Engine) -> None:
+    from sqlalchemy import MetaData
+
+    md = MetaData()
+    fences, failed = fence_table(md), failed_jobs_table(md, FAILED_JOBS_TABLE)
+    with engine.connect() as c:
+        stream = c.execution_options(yield_per=CHUNK)
+        rows = stream.execute(select(fences.c.subject, fences.c.state, fences.c.reference, fences.c.epoch)
+                              .where(fences.c.step == "charge"))
+        _copy(ledger, "fences", ((int(s.removeprefix("order:")), st, ref, ep) for s, st, ref, ep in rows), 4)
+        _copy(ledger, "orders", stream.execute(select(orders.c.id, orders.c.provider, orders.c.charge_id)), 3)
+        _copy(ledger, "acked", stream.execute(select(done.c.job_id, done.c.outcome)), 2)
+    with engine.connect() as c:
+        for chunk in _chunks(c.execution_options(yield_per=CHUNK).execute(select(failed.c.job_id, failed.c.reason))):
+            ledger.executemany("INSERT INTO failed VALUES (?, ?)", chunk)
+
+
+def collect_redis(ledger: sqlite3.Connection, r: redis.Redis, namespace: str) -> None:
+    k = Keys(namespace).queue(QUEUE)
+    _copy(ledger, "queued", ((key.decode(),) for key, _ in r.hscan_iter(k.jobs, count=CHUNK)), 1)
+    records = ((i.decode(), orjson.loads(raw)) for i, raw in r.hscan_iter(k.dead_jobs, count=CHUNK))
+    _copy(ledger, "dead", ((i, rec.get("reason", ""), rec.get("error", "")) for i, rec in records), 3)
+    # A dead id without its record would hide a reason: keep it, with no reason.
+    ids = ((i.decode(),) for i, _ in r.zscan_iter(k.dead, count=CHUNK))
+    for chunk in _chunks(ids):
+        ledger.executemany("INSERT OR IGNORE INTO dead VALUES (?, '', '')", chunk)
+
+
+def collect_driver(ledger: sqlite3.Connection, events: list[Event], ends: list[tuple[str, int, float]]) -> None:
+    ledger.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", [(e.kind, e.t0, e.t1, e.detail) for e in events])
+    ledger.executemany("INSERT INTO pids VALUES (?, ?, ?)", ends)
+
+
+def collect(ledger: sqlite3.Connection, provider_db: str, engine: Engine, r: redis.Redis, namespace: str,
+            events: list[Event], ends: list[tuple[str, int, float]]) -> None:
+    ledger.executescript(TABLES)
+    ledger.execute("ATTACH DATABASE ? AS p", (provider_db,))
+    collect_database(ledger, engine)
+    collect_redis(ledger, r, namespace)
+    collect_driver(ledger, events, ends)
+    ledger.commit()
