@@ -12,6 +12,7 @@ from ringfence.client import Client
 from ringfence.errors import ConfigError
 from ringfence.models import DeadJob
 from ringfence.redis.broker import Broker
+from ringfence.redis.connection import ConnectionSettings
 from ringfence.settings import (
     BreakerPolicy,
     RetryPolicy,
@@ -56,12 +57,16 @@ class App:
         expiry_s: float | None = 86400.0,
         fence_url: str | None = None,
         retry_profiles: dict[str, RetryPolicy] | None = None,
+        redis: ConnectionSettings | None = None,
     ) -> None:
         self._redis_url = redis_url or env_default("RINGFENCE_REDIS_URL")
         self.namespace = check_name("namespace", namespace or env_default("RINGFENCE_NAMESPACE", "ringfence") or "")
         self.environment = check_name("environment", environment or env_default("RINGFENCE_ENV", "default") or "")
         self.worker_settings = worker or WorkerSettings()
         check(self.worker_settings.problems())
+        w = self.worker_settings
+        self.redis_settings = redis or ConnectionSettings.for_lease(w.lease_s, w.heartbeat_s)
+        check(self.redis_settings.problems())
         self.default_retry = retry or RetryPolicy()
         check_seconds("timeout_s", timeout_s, minimum=None)
         check_seconds("expiry_s", expiry_s, minimum=None)
@@ -102,7 +107,7 @@ class App:
     @property
     def broker(self) -> Broker:
         if self._broker is None:
-            self._broker = Broker(self.redis_url, self.namespace)
+            self._broker = Broker(self.redis_url, self.namespace, connection=self.redis_settings)
         return self._broker
 
     @property

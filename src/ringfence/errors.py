@@ -9,6 +9,7 @@
     │   └── PayloadTooNew      written by a newer release than this worker: delayed, not failed
     ├── DuplicateJob           a unique enqueue found the key held by a queued or running job
     ├── BrokerError            Redis did something the broker did not expect
+    │   └── RedisFull          Redis is at maxmemory: writes that add data (enqueue) are refused
     ├── JobError               raised by handlers to steer retries
     │   ├── Permanent          do not retry: dead-letter at once
     │   └── RetryLater         retry after a delay without burning an attempt
@@ -58,6 +59,11 @@ class DuplicateJob(RingfenceError):
 
 class BrokerError(RingfenceError):
     """Redis did something the broker did not expect."""
+
+
+class RedisFull(BrokerError):
+    """Redis reached ``maxmemory``: what adds data (enqueue) is refused; what moves or shrinks it (leases, acks,
+    retries, dead-letter, recovery) still runs, so workers drain the queues."""
 
 
 class JobError(RingfenceError):

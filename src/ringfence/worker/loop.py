@@ -6,13 +6,17 @@ import asyncio
 import contextlib
 import logging
 
+from ringfence.redis.connection import UNAVAILABLE, Health
+
 log = logging.getLogger("ringfence.worker")
 
 
 class Loop:
-    """Runs ``tick()`` every ``interval_s`` until stopped; an error in one tick is logged, not fatal."""
+    """Runs ``tick()`` every ``interval_s`` until stopped; an error in one tick is logged, not fatal. With a
+    ``health``, Redis not answering is reported there (one line per outage for the whole worker) instead."""
 
     name = "loop"
+    health: Health | None = None
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
@@ -31,6 +35,11 @@ class Loop:
                 await self.tick()
             except asyncio.CancelledError:
                 raise
+            except UNAVAILABLE as exc:
+                if self.health is None:
+                    log.warning("%s: Redis unreachable (%s); retrying in %.1fs", self.name, exc, self.interval_s)
+                else:
+                    self.health.lost(exc)
             except Exception:
                 log.exception("%s: tick failed; retrying in %.1fs", self.name, self.interval_s)
             with contextlib.suppress(TimeoutError):

@@ -20,6 +20,7 @@ from ringfence.logs import JobLogger, job_logger
 from ringfence.metrics import Metrics
 from ringfence.models import DeadJob, Fetched, JobSpec
 from ringfence.redis.broker import Broker
+from ringfence.redis.connection import UNAVAILABLE
 from ringfence.redis.waker import Waker
 from ringfence.settings import WorkerSettings
 from ringfence.tasks import JobContext, Task
@@ -73,10 +74,13 @@ class Processor:
             try:
                 await self._cycle()
                 backoff = 0.1
-            except Exception:
+            except Exception as exc:
                 # Redis went away (restart, failover, network): running jobs go on; fetching resumes when
-                # it answers again. Leases cover the gap.
-                log.exception("fetch loop: Redis error; retrying in %.1fs", backoff)
+                # it answers again. Leases cover the gap. The outage is logged once, by the broker's health.
+                if isinstance(exc, UNAVAILABLE):
+                    self.broker.health.lost(exc)
+                else:
+                    log.exception("fetch loop: Redis error; retrying in %.1fs", backoff)
                 await self._until(asyncio.sleep(backoff))
                 backoff = min(backoff * 2, 5.0)
                 await self.waker.restart()
@@ -326,8 +330,11 @@ class Processor:
             self._ack_ready.clear()
             try:
                 await self.flush_acks()
-            except Exception:
-                log.exception("acks failed; retrying in 0.5s (the jobs keep their leases meanwhile)")
+            except Exception as exc:
+                if isinstance(exc, UNAVAILABLE):
+                    self.broker.health.lost(exc)
+                else:
+                    log.exception("acks failed; retrying in 0.5s")
                 await asyncio.sleep(0.5)
                 self._ack_ready.set()
 

@@ -10,9 +10,10 @@ import socket
 from typing import Any
 
 from ringfence.app import App
-from ringfence.errors import ConfigError, EnvironmentMismatch
+from ringfence.errors import BrokerError, ConfigError, EnvironmentMismatch, RedisFull
 from ringfence.metrics import Metrics
 from ringfence.models import new_job_id
+from ringfence.redis.connection import UNAVAILABLE, redact
 from ringfence.settings import WorkerSettings, check_name
 from ringfence.worker.heartbeat import Heartbeat
 from ringfence.worker.maintenance import DeadRetention, Promoter, QueueSet, Recoverer, SchedulerLoop
@@ -85,6 +86,31 @@ class Worker:
             log.warning("second signal: exiting at once; leases will return running jobs to their queues")
             os._exit(130)
 
+    async def _connect(self) -> None:
+        """Wait for Redis with backoff (one line when it does not answer, one when it does), up to
+        ``first_connect_s``; then measure the offset to its clock."""
+        b = self.broker
+        deadline = loop_time() + b.connection.first_connect_s
+        delay = 0.1
+        while True:
+            try:
+                await b.aping()
+                return
+            except UNAVAILABLE as exc:
+                if loop_time() + delay > deadline:
+                    raise BrokerError(f"Redis at {redact(b.url)} did not answer within "
+                                      f"{b.connection.first_connect_s:g}s: {exc}") from exc
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def _register(self, names: list[str]) -> None:
+        """Registrations the worker can run without (the heartbeat registers its queues on every beat)."""
+        try:
+            await self.broker.aregister_queues(names, "queue registration")
+            await self.broker.aregister_dependencies(self.app.breakers)
+        except RedisFull as exc:
+            log.warning("%s; starting anyway: this worker drains the queues", exc)
+
     async def _guard_environment(self) -> None:
         recorded = await self.broker.claim_environment(self.app.environment)
         if recorded != self.app.environment:
@@ -103,10 +129,11 @@ class Worker:
         return self.metrics.serve(self.metrics_port)
 
     async def run(self) -> int:
+        await self._connect()
         await self._guard_environment()
         await asyncio.to_thread(self.app.prepare_fence_tables)  # not raced by the first jobs
         names = [q for q, _ in self.queues]
-        await self.broker.aregister_queues(names)
+        await self._register(names)
         for name, task in sorted(self.app.registry.tasks.items()):
             log.info("serving task %s v%d (reads versions %s; queue %s, timeout %gs, max_attempts %d)", name,
                      task.version, ",".join(map(str, task.codec.understood())), task.options.queue,
@@ -117,7 +144,6 @@ class Worker:
         queue_set = QueueSet(self.broker, names)
         s = self.settings
         heartbeat = Heartbeat(self)
-        await self.broker.aregister_dependencies(self.app.breakers)
         loops = [heartbeat, Recoverer(self.broker, queue_set, s.recover_interval_s),
                  Promoter(self.broker, queue_set, s.promote_interval_s)]
         if s.dead_retention_s is not None:
@@ -133,6 +159,7 @@ class Worker:
             loops.append(AlertLoop(self.app, self.app.alert_rules, owner=self.server_id))
         http = self._serve_metrics()
         for component in loops:
+            component.health = self.broker.health
             component.start()
         log.info("worker %s: queues %s, concurrency %d", self.server_id,
                  ",".join(f"{q}={w}" for q, w in self.queues), self.concurrency)
@@ -147,6 +174,10 @@ class Worker:
             await self.broker.unregister_server(self.server_id)
             await self.broker.aclose()
         return self.exit_code
+
+
+def loop_time() -> float:
+    return asyncio.get_running_loop().time()
 
 
 def parse_max_wait(spec: str) -> dict[str, float]:

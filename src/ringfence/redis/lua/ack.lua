@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- ack: jobs finished; forget them.
 -- KEYS[1] active    zset
 -- KEYS[2] lease     hash  id -> token

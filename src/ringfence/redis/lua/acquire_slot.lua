@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- acquire_slot: take a slot of a global concurrency limit (a semaphore whose slots are leases).
 -- KEYS[1] holders  zset  holder (job id) -> slot lease end ms
 -- ARGV[1] now ms  ARGV[2] limit  ARGV[3] holder  ARGV[4] lease end ms

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- breaker_allow: may a job of this dependency run now? Circuit state and rate limit, shared by all workers.
 -- KEYS[1] breaker      hash  state (closed|open|half_open), open_until, probe_until, changed_ms, rate_window, rate_count
 -- KEYS[2] transitions  list  "from>to@ms", newest first, capped

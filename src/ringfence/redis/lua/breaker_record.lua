@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- breaker_record: the outcome of a job that ran against the dependency.
 -- KEYS[1] breaker      hash (see breaker_allow.lua)
 -- KEYS[2] transitions  list

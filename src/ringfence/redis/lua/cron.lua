@@ -1,3 +1,4 @@
+#!lua
 -- cron: enqueue the due ticks of one periodic task, each exactly once however many schedulers run.
 -- KEYS[1] jobs     hash  id -> spec
 -- KEYS[2] pending  list

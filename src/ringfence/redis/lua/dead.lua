@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- dead: move a job to dead-letter with its spec, attempts, history and the reason.
 -- KEYS[1] active     zset
 -- KEYS[2] lease      hash  id -> token

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- delete_dead: remove dead jobs for good (by id, or all older than a cutoff).
 -- KEYS[1] dead zset  KEYS[2] dead_jobs hash
 -- ARGV[1] cutoff ms (delete everything died at or before it; -1 = by id only)  ARGV[2] max by cutoff

@@ -1,3 +1,4 @@
+#!lua
 -- enqueue: add jobs that are not there yet; run now (pending) or later (scheduled); optional unique keys.
 -- KEYS[1] jobs        hash  id -> spec
 -- KEYS[2] pending     list

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- extend: renew the leases of running attempts (heartbeat).
 -- KEYS[1] active  zset  id -> lease deadline ms
 -- KEYS[2] lease   hash  id -> token

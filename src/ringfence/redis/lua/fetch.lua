@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- fetch: take up to N ready jobs and lease them to one attempt.
 -- KEYS[1] pending   list
 -- KEYS[2] jobs      hash  id -> spec

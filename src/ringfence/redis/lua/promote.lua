@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- promote: move scheduled and retry jobs whose time has come to the queue.
 -- KEYS[1] scheduled zset  KEYS[2] retry zset  KEYS[3] pending list  KEYS[4] idle zset
 -- ARGV[1] now ms  ARGV[2] max jobs per set  ARGV[3] wake channel

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- recover: return jobs whose lease has expired (their worker died or hung) to the head of the queue.
 -- Safe to run from many workers at once: each expired id is moved by exactly one call.
 -- KEYS[1] active   zset  id -> lease deadline ms

@@ -1,3 +1,4 @@
+#!lua
 -- replay: put dead jobs back in the queue under the same id, attempts reset.
 -- KEYS[1] dead zset  KEYS[2] dead_jobs hash  KEYS[3] jobs hash  KEYS[4] pending list
 -- KEYS[5] attempts hash  KEYS[6] history hash  KEYS[7] idle zset  KEYS[8] stats hash

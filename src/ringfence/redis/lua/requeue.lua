@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- requeue: give a job back WITHOUT counting the attempt (shutdown, retry-later, payload from a newer release).
 -- KEYS[1] active     zset
 -- KEYS[2] lease      hash  id -> token

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- retry: a failed attempt; the job waits in the retry set until its delay has passed.
 -- KEYS[1] active   zset
 -- KEYS[2] lease    hash  id -> token
