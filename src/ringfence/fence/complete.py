@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Update
@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from ..errors import FencedOut
 from ..faults import fault_point
+from .dbretry import NO_RETRY, DbRetry, aretrying, retrying
 from .offloop import in_thread
 
 Stale = Callable[[], FencedOut]
@@ -29,14 +30,36 @@ def _check(rowcount: int, stale: Stale) -> None:
         raise stale()
 
 
+def _begin(db: Engine, stmt: Update, stale: Stale) -> tuple[AbstractContextManager[Connection], Connection]:
+    """Begin a transaction on ``db`` and run the fence's UPDATE as its first statement."""
+    tx = db.begin()
+    conn = tx.__enter__()
+    try:
+        _check(conn.execute(stmt).rowcount, stale)
+    except BaseException:
+        tx.__exit__(*sys.exc_info())
+        raise
+    return tx, conn
+
+
 @contextmanager
-def sync_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale) -> Iterator[Any]:
-    """Yield the object the caller writes through; commit once on success, roll back on error."""
+def sync_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale,
+                    retry: DbRetry = NO_RETRY) -> Iterator[Any]:
+    """Yield the object the caller writes through; commit once on success, roll back on error.
+
+    With an Engine the fence's UPDATE is the transaction's first statement: if its (pooled) connection
+    turns out dead, nothing of the caller's has run yet, so it starts over on a fresh connection.
+    """
     if isinstance(db, Engine):
-        with db.begin() as conn:  # begin() commits on exit, rolls back on an exception
-            _check(conn.execute(stmt).rowcount, stale)
+        tx, conn = retrying(retry, lambda _retried: _begin(db, stmt, stale), "fence completion")
+        try:
             yield conn
             fault_point("before_commit")
+        except BaseException:
+            if not tx.__exit__(*sys.exc_info()):  # rolls back
+                raise
+        else:
+            tx.__exit__(None, None, None)  # commits
         return
     if isinstance(db, Connection | Session):
         try:
@@ -61,7 +84,8 @@ def sync_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale) -> It
 
 
 @asynccontextmanager
-async def async_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale) -> AsyncIterator[Any]:
+async def async_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale,
+                           retry: DbRetry = NO_RETRY) -> AsyncIterator[Any]:
     """Async twin of :func:`sync_completion` for AsyncEngine, AsyncConnection and AsyncSession.
 
     A sync SQLAlchemy ``db`` gets its blocking statements (begin, the fence UPDATE, commit) run in a
@@ -70,7 +94,7 @@ async def async_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
     if not isinstance(db, AsyncEngine | AsyncConnection | AsyncSession):
-        sync = sync_completion(db, stmt, dialect, stale)
+        sync = sync_completion(db, stmt, dialect, stale, retry)
         if isinstance(db, Engine | Connection | Session):
             async with in_thread(sync) as conn:
                 yield conn
@@ -79,10 +103,15 @@ async def async_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale
                 yield conn
         return
     if isinstance(db, AsyncEngine):
-        async with db.begin() as conn:
-            _check((await conn.execute(stmt)).rowcount, stale)
-            yield conn
+        atx, aconn = await aretrying(retry, lambda _retried: _abegin(db, stmt, stale), "fence completion")
+        try:
+            yield aconn
             fault_point("before_commit")
+        except BaseException:
+            if not await atx.__aexit__(*sys.exc_info()):
+                raise
+        else:
+            await atx.__aexit__(None, None, None)
         return
     try:
         _check((await db.execute(stmt)).rowcount, stale)  # type: ignore[attr-defined]
@@ -92,6 +121,17 @@ async def async_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale
         await db.rollback()
         raise
     await db.commit()
+
+
+async def _abegin(db: Any, stmt: Update, stale: Stale) -> tuple[Any, Any]:
+    tx = db.begin()
+    conn = await tx.__aenter__()
+    try:
+        _check((await conn.execute(stmt)).rowcount, stale)
+    except BaseException:
+        await tx.__aexit__(*sys.exc_info())
+        raise
+    return tx, conn
 
 
 def compile_for(stmt: Update, dialect: Dialect, paramstyle: str) -> tuple[str, Any]:

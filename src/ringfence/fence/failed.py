@@ -6,15 +6,19 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, MetaData, create_engine, insert, select, update
+from sqlalchemy import Engine, MetaData, insert, select, update
 
 from ..models import DeadJob
+from .dbretry import DEFAULT_RETRY, DbRetry, make_engine, retrying, watch_disconnects
 from .schema import FAILED_JOBS_TABLE, create_tables, db_now, failed_jobs_table
 
 
 class FailedJobs:
-    def __init__(self, engine_or_url: Engine | str, *, table_name: str = FAILED_JOBS_TABLE) -> None:
-        self.engine = create_engine(engine_or_url) if isinstance(engine_or_url, str) else engine_or_url
+    def __init__(self, engine_or_url: Engine | str, *, table_name: str = FAILED_JOBS_TABLE,
+                 retry: DbRetry = DEFAULT_RETRY) -> None:
+        self.engine = watch_disconnects(make_engine(engine_or_url) if isinstance(engine_or_url, str)
+                                        else engine_or_url)
+        self.retry = retry
         self.metadata = MetaData()
         self.table = failed_jobs_table(self.metadata, table_name)
 
@@ -22,11 +26,18 @@ class FailedJobs:
         create_tables(self.metadata, self.engine)
 
     def record(self, job: DeadJob, spec: dict[str, Any]) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(insert(self.table).values(
-                job_id=job.id, queue=job.queue, task=job.task, payload=spec, reason=job.reason,
-                error=job.error, traceback=job.traceback, attempts=job.attempts, history=job.history,
-                died_at=db_now()))
+        """Insert the dead job, riding out a dead connection (a lost COMMIT answer may leave two rows for
+        one death; ``unreplayed`` reads one per job id)."""
+        stmt = insert(self.table).values(
+            job_id=job.id, queue=job.queue, task=job.task, payload=spec, reason=job.reason,
+            error=job.error, traceback=job.traceback, attempts=job.attempts, history=job.history,
+            died_at=db_now())
+
+        def attempt(_retried: bool) -> None:
+            with self.engine.begin() as conn:
+                conn.execute(stmt)
+
+        retrying(self.retry, attempt, f"failed_jobs write of job {job.id}")
 
     def unreplayed(self, job_ids: list[str] | None = None) -> list[dict[str, Any]]:
         """Rows not replayed yet, newest first; one per job id (its latest death)."""

@@ -16,20 +16,20 @@ Example::
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     ColumnElement,
+    Connection,
     Engine,
     MetaData,
     Update,
     and_,
     case,
-    create_engine,
     delete,
     func,
     insert,
@@ -40,9 +40,13 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from ..errors import FencedOut, FenceError
+from ..faults import fault_point
 from . import complete as _complete
+from .dbretry import DEFAULT_RETRY, DbRetry, make_engine, retrying, watch_disconnects
 from .model import COMPLETABLE, FenceRow, FenceState, Owner, provider_key
 from .schema import DEFAULT_TABLE, create_tables, db_now, db_now_plus, fence_table
+
+T = TypeVar("T")
 
 
 class FenceStore:
@@ -52,10 +56,33 @@ class FenceStore:
     the fence's completion in the same transaction as the application's writes.
     """
 
-    def __init__(self, engine_or_url: Engine | str, *, table_name: str = DEFAULT_TABLE) -> None:
-        self.engine = create_engine(engine_or_url) if isinstance(engine_or_url, str) else engine_or_url
+    def __init__(self, engine_or_url: Engine | str, *, table_name: str = DEFAULT_TABLE,
+                 retry: DbRetry = DEFAULT_RETRY) -> None:
+        self.engine = watch_disconnects(make_engine(engine_or_url) if isinstance(engine_or_url, str)
+                                        else engine_or_url)
         self.metadata = MetaData()
         self.table = fence_table(self.metadata, table_name)
+        self.retry = retry  # every statement here rides out a dead connection (dbretry.py)
+
+    def _read(self, fn: Callable[[Connection], T]) -> T:
+        def attempt(_retried: bool) -> T:
+            with self.engine.connect() as conn:
+                return fn(conn)
+        return retrying(self.retry, attempt, "fence read")
+
+    def _write(self, what: str, fn: Callable[[Connection, bool], T]) -> T:
+        """``fn(conn, retried)`` in one transaction, run again on a fresh connection when its connection dies."""
+        def attempt(retried: bool) -> T:
+            with self.engine.begin() as conn:
+                return fn(conn, retried)
+        return retrying(self.retry, attempt, what)
+
+    def _holds(self, conn: Connection, subject: str, step: str, epoch: int, expect: dict[str, Any]) -> bool:
+        """Does the row at ``epoch`` already hold ``expect``? (A retried write whose first try committed.)"""
+        t = self.table
+        q = select(*(t.c[k] for k in expect)).where(self._key(subject, step), t.c.epoch == epoch)
+        found = conn.execute(q).first()
+        return found is not None and tuple(found) == tuple(expect.values())
 
     def create_all(self) -> None:
         """Create the fence table and its indexes if missing (safe when several processes race)."""
@@ -77,8 +104,8 @@ class FenceStore:
 
     def get(self, subject: str, step: str) -> FenceRow | None:
         """The fence row, or None."""
-        with self.engine.connect() as conn:
-            m = conn.execute(self._select().where(self._key(subject, step))).mappings().first()
+        q = self._select().where(self._key(subject, step))
+        m = self._read(lambda conn: conn.execute(q).mappings().first())
         return None if m is None else _row(m)
 
     show = get
@@ -91,13 +118,11 @@ class FenceStore:
             q = q.where(self.table.c.state == str(state))
         if subject is not None:
             q = q.where(self.table.c.subject == subject)
-        with self.engine.connect() as conn:
-            return [_row(m) for m in conn.execute(q).mappings()]
+        return self._read(lambda conn: [_row(m) for m in conn.execute(q).mappings()])
 
     def db_now(self) -> datetime:
         """The database clock (what every fence timestamp is measured against)."""
-        with self.engine.connect() as conn:
-            value: datetime = conn.execute(select(db_now())).scalar_one()
+        value: datetime = self._read(lambda conn: conn.execute(select(db_now())).scalar_one())
         return value
 
     def in_window(self, subject: str, step: str, epoch: int, window_s: float) -> bool:
@@ -105,8 +130,7 @@ class FenceStore:
         t = self.table
         q = select(func.count()).select_from(t).where(
             self._key(subject, step), t.c.epoch == epoch, t.c.calling_at > db_now_plus(-window_s))
-        with self.engine.connect() as conn:
-            return bool(conn.execute(q).scalar_one())
+        return bool(self._read(lambda conn: conn.execute(q).scalar_one()))
 
     # --- transitions ------------------------------------------------------------------------
 
@@ -119,10 +143,11 @@ class FenceStore:
             params_hash=phash, provider_key=provider_key(subject, step), retention_s=retention_s,
             created_at=db_now(), updated_at=db_now())
         try:
-            with self.engine.begin() as conn:
-                conn.execute(stmt)
+            self._write("fence capture", lambda conn, _retried: conn.execute(stmt))
         except IntegrityError:
-            # Portable unique-violation handling; any other integrity error still surfaces.
+            # Portable unique-violation handling; any other integrity error still surfaces. A retried
+            # INSERT whose first try committed lands here too: the caller reads the row, finds its own
+            # (job id, token) and continues as its owner.
             if self.get(subject, step) is None:
                 raise
             return None
@@ -141,27 +166,40 @@ class FenceStore:
         stmt = update(t).where(*cond).values(
             epoch=t.c.epoch + 1, owner_job_id=owner.job_id, owner_token=owner.token,
             lease_until=db_now_plus(owner.lease_s), updated_at=db_now())
-        with self.engine.begin() as conn:
-            won = conn.execute(stmt).rowcount == 1
-        if not won:
+        mine = {"owner_job_id": owner.job_id, "owner_token": owner.token}
+
+        def attempt(conn: Connection, retried: bool) -> bool:
+            return conn.execute(stmt).rowcount == 1 or (
+                retried and self._holds(conn, row.subject, row.step, row.epoch + 1, mine))
+
+        if not self._write("fence takeover", attempt):
             return None
         return replace(row, epoch=row.epoch + 1, owner_job_id=owner.job_id, owner_token=owner.token, lease_live=True)
 
     def _cas(self, subject: str, step: str, epoch: int, values: dict[str, Any],
-             states: Sequence[FenceState] | None = None) -> None:
+             states: Sequence[FenceState] | None = None, expect: dict[str, Any] | None = None) -> None:
+        """One epoch-conditional UPDATE. ``expect``: what the row holds once this write is applied, so a
+        retry after a lost COMMIT answer tells "already done" from "another run took it over"."""
         t = self.table
         cond = [self._key(subject, step), t.c.epoch == epoch]
         if states is not None:
             cond.append(or_(*(t.c.state == s.value for s in states)))
-        with self.engine.begin() as conn:
-            if conn.execute(update(t).where(*cond).values(updated_at=db_now(), **values)).rowcount != 1:
+        stmt = update(t).where(*cond).values(updated_at=db_now(), **values)
+
+        def attempt(conn: Connection, retried: bool) -> None:
+            if conn.execute(stmt).rowcount == 1:
+                return
+            if not (retried and expect is not None and self._holds(conn, subject, step, epoch, expect)):
                 raise _fenced_out(subject, step, epoch, states)
+
+        self._write(f"fence {values.get('state', 'update')}", attempt)
 
     def mark_calling(self, subject: str, step: str, epoch: int, request: str | None, lease_s: float) -> None:
         """claimed → calling, with the exact request; committed before the provider call."""
         self._cas(subject, step, epoch, {
             "state": FenceState.CALLING.value, "request": request, "calling_at": db_now(),
-            "lease_until": db_now_plus(lease_s)}, [FenceState.CLAIMED])
+            "lease_until": db_now_plus(lease_s)}, [FenceState.CLAIMED],
+            {"state": FenceState.CALLING.value, "request": request})
 
     def renew(self, subject: str, step: str, epoch: int, lease_s: float) -> None:
         """Push ``lease_until`` ahead (a replay is about to call the provider again)."""
@@ -169,26 +207,25 @@ class FenceStore:
 
     def record(self, subject: str, step: str, epoch: int, reference: str) -> None:
         """calling → effected with the provider's reference, committed at once."""
-        self._cas(subject, step, epoch, {"state": FenceState.EFFECTED.value, "reference": reference},
-                  [FenceState.CALLING])
+        done = {"state": FenceState.EFFECTED.value, "reference": reference}
+        self._cas(subject, step, epoch, done, [FenceState.CALLING], done)
 
     def reset_claimed(self, subject: str, step: str, epoch: int) -> None:
         """calling → claimed: reconcile said the effect did not happen, so calling again is safe."""
-        self._cas(subject, step, epoch, {"state": FenceState.CLAIMED.value, "calling_at": None},
-                  [FenceState.CALLING])
+        done = {"state": FenceState.CLAIMED.value, "calling_at": None}
+        self._cas(subject, step, epoch, done, [FenceState.CALLING], done)
 
     def park(self, subject: str, step: str, epoch: int) -> None:
         """calling → in_doubt: nobody can tell; a person resolves it."""
-        self._cas(subject, step, epoch, {"state": FenceState.IN_DOUBT.value, "lease_until": None},
-                  [FenceState.CALLING])
+        done = {"state": FenceState.IN_DOUBT.value, "lease_until": None}
+        self._cas(subject, step, epoch, done, [FenceState.CALLING], done)
 
     def release(self, subject: str, step: str, epoch: int) -> None:
         """End our lease early (a claimed step failed before its effect); best effort."""
         t = self.table
         stmt = update(t).where(self._key(subject, step), t.c.epoch == epoch).values(
             lease_until=db_now(), updated_at=db_now())
-        with self.engine.begin() as conn:
-            conn.execute(stmt)
+        self._write("fence release", lambda conn, _retried: conn.execute(stmt))  # repeating it is harmless
 
     def complete_statement(self, subject: str, step: str, epoch: int, result: str | None) -> Update:
         """The epoch-conditional UPDATE to completed, to run in the application's transaction."""
@@ -200,22 +237,30 @@ class FenceStore:
 
     def complete(self, subject: str, step: str, epoch: int, result: str | None) -> None:
         """Complete with no local writes, in a transaction of the store's own engine."""
-        with self.completion(self.engine, subject, step, epoch, result):
-            pass
+        stmt = self.complete_statement(subject, step, epoch, result)
+        done = {"state": FenceState.COMPLETED.value, "result": result}
+
+        def attempt(conn: Connection, retried: bool) -> None:
+            if conn.execute(stmt).rowcount != 1 and not (
+                    retried and self._holds(conn, subject, step, epoch, done)):
+                raise _fenced_out(subject, step, epoch, COMPLETABLE)
+            fault_point("before_commit")
+
+        self._write("fence complete", attempt)
 
     def completion(self, db: Any, subject: str, step: str, epoch: int,
                    result: str | None) -> AbstractContextManager[Any]:
         """Sync context manager: one transaction on ``db`` holding the completion + caller's writes."""
         stmt = self.complete_statement(subject, step, epoch, result)
         return _complete.sync_completion(db, stmt, self.engine.dialect,
-                                         lambda: _fenced_out(subject, step, epoch, COMPLETABLE))
+                                         lambda: _fenced_out(subject, step, epoch, COMPLETABLE), self.retry)
 
     def acompletion(self, db: Any, subject: str, step: str, epoch: int,
                     result: str | None) -> AbstractAsyncContextManager[Any]:
         """Async twin of :meth:`completion` (AsyncEngine / AsyncConnection / AsyncSession, or a sync ``db``)."""
         stmt = self.complete_statement(subject, step, epoch, result)
         return _complete.async_completion(db, stmt, self.engine.dialect,
-                                          lambda: _fenced_out(subject, step, epoch, COMPLETABLE))
+                                          lambda: _fenced_out(subject, step, epoch, COMPLETABLE), self.retry)
 
     # --- operations by a person -------------------------------------------------------------
 
@@ -248,8 +293,7 @@ class FenceStore:
         stmt = delete(t).where(
             t.c.state == FenceState.COMPLETED.value, t.c.retention_s.is_not(None),
             t.c.completed_at < db_now_plus(-t.c.retention_s))
-        with self.engine.begin() as conn:
-            return int(conn.execute(stmt).rowcount)
+        return int(self._write("fence prune", lambda conn, _retried: conn.execute(stmt).rowcount))
 
 
 def _fenced_out(subject: str, step: str, epoch: int, states: Sequence[FenceState] | None) -> FencedOut:

@@ -1,0 +1,143 @@
+"""Riding out a database blip: killed connections, a failover, a restart.
+
+Optimistic disconnect handling (no pre-ping: that would cost a round trip per checkout). A statement
+that fails because its connection died raises ``DBAPIError`` with ``connection_invalidated``; SQLAlchemy
+has then invalidated that connection and every pooled connection older than it, so the next checkout
+connects afresh. :func:`retrying` runs one whole transaction again on such an error, with bounded,
+jittered backoff. Every write passed to it must be safe to repeat: the fence's writes are conditional on
+the epoch, and a repeat that finds its own earlier write already committed counts it as done.
+
+Example::
+
+    engine = make_engine("postgresql+psycopg://app@db/app")
+    n = retrying(DbRetry(), lambda retried: count_rows(engine))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import ExceptionContext
+from sqlalchemy.exc import DBAPIError
+
+from ..errors import ConfigError
+
+log = logging.getLogger("ringfence.fence")
+T = TypeVar("T")
+
+# PostgreSQL SQLSTATEs that mean "this connection is gone": class 08 (connection exception) and the
+# operator-intervention codes (pg_terminate_backend, a shutdown, a server not accepting connections yet).
+_PG_GONE = ("08", "57P01", "57P02", "57P03")
+
+
+@dataclass(frozen=True)
+class DbRetry:
+    """How often and how long a transaction is retried after its connection died.
+
+    ``attempts`` tries in all, sleeping ``base_s * 2**n`` (capped at ``cap_s``, jittered to 50–100 %)
+    between them, and never starting a sleep that would end past ``budget_s`` after the first try.
+    The defaults ride out ~10 s of killed connections or a restart; keep ``budget_s`` well under the
+    jobs' ``timeout_s`` (the fence's own lease is ``timeout_s + lease_s``).
+    """
+
+    attempts: int = 10
+    base_s: float = 0.05
+    cap_s: float = 2.0
+    budget_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.base_s < 0 or self.cap_s < self.base_s or self.budget_s < 0:
+            raise ConfigError(f"DbRetry needs attempts >= 1 and 0 <= base_s <= cap_s, budget_s >= 0; got {self}")
+
+    def delays(self) -> Iterator[float]:
+        """The sleeps between tries, within the budget."""
+        spent = 0.0
+        for n in range(self.attempts - 1):
+            delay = min(self.cap_s, self.base_s * 2**n) * random.uniform(0.5, 1.0)
+            if spent + delay > self.budget_s:
+                return
+            spent += delay
+            yield delay
+
+
+DEFAULT_RETRY = DbRetry()
+NO_RETRY = DbRetry(attempts=1)
+
+
+def is_disconnect(exc: BaseException) -> bool:
+    """Did this error come from a connection that died (so the transaction may run again on a new one)?"""
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+def retrying(policy: DbRetry, attempt: Callable[[bool], T], what: str = "database call") -> T:
+    """``attempt(retried)`` runs one whole transaction; it runs again while its connection dies.
+
+    ``retried`` is True on every try after the first: the previous try may have committed before
+    its connection died (the answer to COMMIT was lost), so a conditional write that now matches
+    nothing must check whether the row already holds what it wanted to write.
+    """
+    delays = policy.delays()
+    retried = False
+    while True:
+        try:
+            return attempt(retried)
+        except DBAPIError as exc:
+            delay = _next_delay(exc, delays, what)
+        time.sleep(delay)
+        retried = True
+
+
+async def aretrying(policy: DbRetry, attempt: Callable[[bool], Awaitable[T]], what: str = "database call") -> T:
+    """Async twin of :func:`retrying` (sleeps with ``asyncio.sleep``)."""
+    delays = policy.delays()
+    retried = False
+    while True:
+        try:
+            return await attempt(retried)
+        except DBAPIError as exc:
+            delay = _next_delay(exc, delays, what)
+        await asyncio.sleep(delay)
+        retried = True
+
+
+def _next_delay(exc: DBAPIError, delays: Iterator[float], what: str) -> float:
+    if not is_disconnect(exc):
+        raise exc
+    delay = next(delays, None)
+    if delay is None:
+        log.warning("%s: the database connection died again and the retries are spent: %s", what, exc.orig)
+        raise exc
+    log.debug("%s: the database connection died (%s); retrying in %.2fs on a new one", what, exc.orig, delay)
+    return delay
+
+
+def watch_disconnects(engine: Engine) -> Engine:
+    """Make ``engine`` count every "connection is gone" error as a disconnect, also while connecting.
+
+    SQLAlchemy's psycopg dialect recognises a terminated backend only once the driver marked the
+    connection broken, and never for an error raised while a new connection initialises; the SQLSTATE
+    says it in every case. Idempotent.
+    """
+    if not event.contains(engine, "handle_error", _flag_gone):
+        event.listen(engine, "handle_error", _flag_gone)
+    return engine
+
+
+def _flag_gone(ctx: ExceptionContext) -> None:
+    if ctx.is_disconnect:
+        return
+    state = getattr(ctx.original_exception, "sqlstate", None) or getattr(ctx.original_exception, "pgcode", None)
+    if isinstance(state, str) and state.startswith(_PG_GONE):
+        ctx.is_disconnect = True
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """The engine the project creates from a URL: no pre-ping (a round trip per checkout), disconnects watched."""
+    return watch_disconnects(create_engine(url, **kwargs))

@@ -1,0 +1,252 @@
+"""Each fence write survives its database connection being killed (PostgreSQL ``pg_terminate_backend``,
+MariaDB ``KILL``), at two moments:
+
+- ``before``: right before the write's statement is sent (the pooled connection died while idle);
+- ``after``: the write committed, then the connection died before its COMMIT was answered.
+
+Either way the write runs again on a fresh connection and the protocol ends where it would have without
+the kill: a repeated INSERT or conditional UPDATE that finds its own earlier write counts it as done.
+Only connections this test's engine opened are killed.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from fence_helpers import Backend, OwnerFactory, Provider
+
+from ringfence.errors import InDoubt
+from ringfence.fence import NOT_HAPPENED, Fences, FenceState, FenceStore, Owner
+from ringfence.fence.dbretry import make_engine
+
+
+class Killer:
+    """Kills the connection that runs the n-th write on the fence table (once), before it or after its commit."""
+
+    def __init__(self, engine: sa.Engine, admin: sa.Engine, table: str, app_name: str) -> None:
+        self.admin, self.table, self.app_name = admin, table, app_name
+        self.dialect = engine.dialect.name
+        self.n, self.mode, self.seen = 0, "", 0
+        self.fired: str | None = None  # which write was hit
+        self._after_commit = False
+        sa.event.listen(engine, "before_cursor_execute", self._before)
+        sa.event.listen(engine, "commit", self._commit)
+
+    def arm(self, n: int, mode: str) -> None:
+        self.n, self.mode, self.seen, self.fired, self._after_commit = n, mode, 0, None, False
+
+    def _before(self, conn: sa.Connection, cursor: Any, statement: str, params: Any, *args: Any) -> None:
+        words = statement.lstrip().split(None, 3)
+        if self.fired or not words or words[0] not in ("INSERT", "UPDATE") or self.table not in statement:
+            return
+        self.seen += 1
+        if self.seen != self.n:
+            return
+        self.fired = write_kind(statement, params)
+        if self.mode == "before":
+            self.kill(conn.connection.dbapi_connection)
+        else:
+            self._after_commit = True
+
+    def _commit(self, conn: sa.Connection) -> None:
+        if not self._after_commit:
+            return
+        self._after_commit = False
+        dbapi = conn.connection.dbapi_connection
+        dbapi.commit()  # the write is now durable ...
+        if self.dialect == "postgresql":  # ... and SQLAlchemy's own COMMIT must reach the server
+            dbapi.cursor().execute("SELECT 1")
+        self.kill(dbapi)  # ... whose answer never arrives
+
+    def kill(self, dbapi: Any) -> None:
+        with self.admin.connect() as c:
+            if self.dialect == "postgresql":
+                pid = dbapi.info.backend_pid
+                c.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                  "WHERE pid = :pid AND application_name = :app"), {"pid": pid, "app": self.app_name})
+                gone = "SELECT count(*) FROM pg_stat_activity WHERE pid = :id"
+            else:
+                pid = dbapi.thread_id()
+                c.execute(sa.text(f"KILL {int(pid)}"))
+                gone = "SELECT count(*) FROM information_schema.processlist WHERE id = :id"
+            deadline = time.monotonic() + 5
+            while c.execute(sa.text(gone), {"id": pid}).scalar() and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+
+def write_kind(statement: str, params: Any) -> str:
+    """Which fence write a statement is: capture, takeover, or the state it writes (else "lease")."""
+    if statement.lstrip().startswith("INSERT"):
+        return "capture"
+    if "epoch + " in statement:
+        return "takeover"
+    return str(params.get("state") or "lease")  # the SET value; the WHERE's is ``state_1``
+
+
+@pytest.fixture
+def rig(backend: Backend) -> Iterator[tuple[FenceStore, Killer]]:
+    if backend.name == "sqlite":
+        pytest.skip("SQLite has no connection to kill")
+    app_name = f"rf-disc-{uuid.uuid4().hex[:8]}"
+    args = {"application_name": app_name} if backend.name == "postgresql" else {}
+    engine = make_engine(backend.url, connect_args=args)  # as the project builds it: no pre-ping
+    admin = sa.create_engine(backend.url, isolation_level="AUTOCOMMIT")
+    store = FenceStore(engine, table_name=backend.store.table.name)
+    try:
+        yield store, Killer(engine, admin, store.table.name, app_name)
+    finally:
+        engine.dispose()
+        admin.dispose()
+
+
+def orders_of(backend: Backend, subject: str) -> list[str]:
+    with backend.engine.connect() as conn:
+        return list(conn.execute(sa.select(backend.orders.c.charge_id).where(backend.orders.c.id == subject)).scalars())
+
+
+def charge(backend: Backend, store: FenceStore, owner: Owner, subject: str, provider: Provider, **opts: Any) -> str:
+    with Fences(store, owner).open(subject, "charge", params={"amount": 5}, **opts) as step:
+        ref = step.effect(lambda: provider.charge(5, idempotency_key=step.key))
+        with step.complete(store.engine, result={"ref": ref}) as conn:
+            conn.execute(backend.orders.insert().values(id=subject, charge_id=ref))
+    return ref
+
+
+def died_calling(store: FenceStore, owner: Owner, subject: str, provider: Provider, **opts: Any) -> None:
+    """A first attempt that called the provider and died before recording the answer."""
+
+    def crash() -> str:
+        provider.charge(5, idempotency_key=step.key)
+        raise ConnectionResetError("the process died after the call")
+
+    with pytest.raises(ConnectionResetError), Fences(store, owner).open(
+            subject, "charge", params={"amount": 5}, **opts) as step:
+        step.effect(crash)
+
+
+def auto_complete(store: FenceStore, owner: Owner, subject: str, provider: Provider, **opts: Any) -> None:
+    with Fences(store, owner).open(subject, "charge", params={"amount": 5}, **opts) as step:
+        step.effect(lambda: provider.charge(5, idempotency_key=step.key))
+
+
+MODES = ["before", "after"]
+
+
+def cases(writes: list[str], skip: tuple[str, str] | None = None) -> list[Any]:
+    """(n, name, mode) for each write of a flow, in the order the flow makes them."""
+    return [pytest.param(n, name, mode, id=f"{n}-{name}-{mode}") for n, name in enumerate(writes, 1)
+            for mode in MODES if (name, mode) != skip]
+
+
+# Fresh step; the completion UPDATE is the first statement of the caller's Engine transaction.
+@pytest.mark.parametrize(("write", "name", "mode"),
+                         cases(["capture", "calling", "effected", "completed"], skip=("completed", "after")))
+def test_fresh_step_survives_a_kill_at_each_write(backend: Backend, rig: Any, subject: str, provider: Provider,
+                                                  make_owner: OwnerFactory, write: int, name: str, mode: str) -> None:
+    store, killer = rig
+    killer.arm(write, mode)
+    ref = charge(backend, store, make_owner(), subject, provider)
+    assert killer.fired == name
+    row = store.get(subject, "charge")
+    assert row is not None and row.state is FenceState.COMPLETED and row.epoch == 1 and row.reference == ref
+    assert orders_of(backend, subject) == [ref] and len(provider.calls) == 1
+
+
+def test_a_lost_commit_answer_of_the_callers_completion_is_settled_by_the_rerun(
+        backend: Backend, rig: Any, subject: str, provider: Provider, make_owner: OwnerFactory) -> None:
+    """The caller's own transaction cannot be replayed by the fence: the error reaches the handler, the job
+    is retried, and the rerun finds the step completed (here the commit had gone through)."""
+    store, killer = rig
+    killer.arm(4, "after")
+    with pytest.raises(sa.exc.DBAPIError) as err:
+        charge(backend, store, make_owner(), subject, provider)
+    assert err.value.connection_invalidated and killer.fired == "completed"
+    with Fences(store, make_owner()).open(subject, "charge", params={"amount": 5}) as step:
+        assert step.done and step.result == {"ref": orders_of(backend, subject)[0]}
+    assert len(provider.calls) == 1
+
+
+# Takeover of a step left calling (its capture INSERT finds the row first); reconcile says NOT_HAPPENED;
+# a clean exit auto-completes.
+@pytest.mark.parametrize(("write", "name", "mode"),
+                         cases(["capture", "takeover", "claimed", "calling", "effected", "completed"]))
+def test_takeover_and_reconcile_survive_a_kill_at_each_write(backend: Backend, rig: Any, subject: str,
+                                                             provider: Provider, make_owner: OwnerFactory,
+                                                             write: int, name: str, mode: str) -> None:
+    store, killer = rig
+    died_calling(store, make_owner(), subject, provider)
+    killer.arm(write, mode)
+    auto_complete(store, make_owner(), subject, provider, reconcile=lambda key, request: NOT_HAPPENED)
+    assert killer.fired == name
+    row = store.get(subject, "charge")
+    assert row is not None and row.state is FenceState.COMPLETED and row.epoch == 2
+    assert len(provider.calls) == 2  # the crashed call, then the one reconcile declared safe
+
+
+# Reconcile cannot tell: the step is parked in doubt, never FencedOut.
+@pytest.mark.parametrize(("write", "name", "mode"), cases(["capture", "takeover", "in_doubt"]))
+def test_parking_survives_a_kill_at_each_write(backend: Backend, rig: Any, subject: str, provider: Provider,
+                                               make_owner: OwnerFactory, write: int, name: str, mode: str) -> None:
+    store, killer = rig
+    died_calling(store, make_owner(), subject, provider)
+    killer.arm(write, mode)
+    with pytest.raises(InDoubt):
+        auto_complete(store, make_owner(), subject, provider, reconcile=lambda key, request: None)
+    assert killer.fired == name
+    row = store.get(subject, "charge")
+    assert row is not None and row.state is FenceState.IN_DOUBT and row.epoch == 2 and len(provider.calls) == 1
+
+
+# Replay with the same key inside the provider's window: the lease is renewed ("lease") before the call.
+@pytest.mark.parametrize(("write", "name", "mode"), cases(["capture", "takeover", "lease", "effected", "completed"]))
+def test_replay_survives_a_kill_at_each_write(backend: Backend, rig: Any, subject: str, provider: Provider,
+                                              make_owner: OwnerFactory, write: int, name: str, mode: str) -> None:
+    store, killer = rig
+    opts = {"provider_dedup": True, "key_window_s": 3600}
+    died_calling(store, make_owner(), subject, provider, **opts)
+    killer.arm(write, mode)
+    auto_complete(store, make_owner(), subject, provider, **opts)
+    assert killer.fired == name
+    row = store.get(subject, "charge")
+    assert row is not None and row.state is FenceState.COMPLETED and row.epoch == 2
+    assert provider.effects == 1  # the provider deduplicated the replay by its key
+
+
+# A claimed step whose block fails: its lease ends at once (release, the second write).
+@pytest.mark.parametrize("mode", MODES)
+def test_release_survives_a_kill(backend: Backend, rig: Any, subject: str, make_owner: OwnerFactory,
+                                 mode: str) -> None:
+    store, killer = rig
+    killer.arm(2, mode)
+    with pytest.raises(ValueError), Fences(store, make_owner()).open(subject, "charge"):
+        raise ValueError("bad input, nothing called")
+    assert killer.fired == "lease"
+    row = store.get(subject, "charge")
+    assert row is not None and row.state is FenceState.CLAIMED and not row.lease_live
+
+
+def test_retries_are_bounded_then_the_error_surfaces(backend: Backend, rig: Any, subject: str,
+                                                     make_owner: OwnerFactory) -> None:
+    """A database that stays gone: the write gives up after its budget and raises the driver's error."""
+    from ringfence.fence.dbretry import DbRetry
+
+    store, killer = rig
+    store.retry = DbRetry(attempts=3, base_s=0.01, cap_s=0.02)
+    kills: list[Callable[[], None]] = []
+
+    def kill_every_write(conn: sa.Connection, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().startswith("INSERT") and store.table.name in statement:
+            kills.append(lambda: None)
+            killer.kill(conn.connection.dbapi_connection)
+
+    sa.event.listen(store.engine, "before_cursor_execute", kill_every_write)
+    with pytest.raises(sa.exc.DBAPIError) as err, Fences(store, make_owner()).open(subject, "charge"):
+        pass
+    assert err.value.connection_invalidated and len(kills) == 3
+    sa.event.remove(store.engine, "before_cursor_execute", kill_every_write)
+    assert store.get(subject, "charge") is None
