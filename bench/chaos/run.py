@@ -30,6 +30,7 @@ from bench.chaos.stack import Stack, faketime_available
 from bench.chaos.workers import Workers
 from ringfence.app import App
 from ringfence.fence import create_all
+from ringfence.worker.worker import EXIT_RESTART
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -185,6 +186,8 @@ def _raise_interrupt(signum: int, _frame: object) -> None:
 def checks(result: dict[str, Any], cfg: ChaosConfig) -> list[dict[str, Any]]:
     """Pass/fail lines, each with the counts that decide it."""
     t, jobs, workers = result["total"], result["jobs"], result["workers"]
+    crashes = {code: n for code, n in workers["other_exits"].items() if code != str(EXIT_RESTART)}
+    restarts = workers["other_exits"].get(str(EXIT_RESTART), 0)
     out = [
         ("one provider charge per order",
          t["charged_0"] == 0 and t["charged_2plus"] == 0,
@@ -205,6 +208,8 @@ def checks(result: dict[str, Any], cfg: ChaosConfig) -> list[dict[str, Any]]:
          workers["hung"] == 0,
          f"{workers['sigterm_stops']} stops, max {workers['max_exit_s']}s, bound {cfg.term_bound_s:g}s, "
          f"{workers['hung']} hung"),
+        ("no worker crashed (every exit asked for: signals, fault points, exit 75 for a restart)",
+         not crashes, f"unexpected exit codes {crashes or 'none'}; {restarts} exit(s) 75 (replace me)"),
         ("drained within --max-seconds",
          result["drained_s"] is not None, f"{result['drained_s']}s of {cfg.max_seconds:g}s"),
     ]
