@@ -29,6 +29,7 @@ log = logging.getLogger("ringfence")
 DeadHook = Callable[[DeadJob], Any]
 AlertHook = Callable[[str, str, dict[str, Any]], Any]
 DEFAULT_FENCE_URL = "sqlite:///ringfence.db"
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024  # a job is a message, not a file: every reader and replica copies it
 _DEFAULT: Any = object()  # "use the app default", distinct from None ("off")
 
 
@@ -43,6 +44,7 @@ class App:
         async def charge_order(ctx, order_id: int, amount: int) -> None: ...
 
     With no ``redis_url`` and no ``RINGFENCE_REDIS_URL`` it starts an embedded Redis (demos only).
+    ``max_payload_bytes`` (default 1 MiB; None: no cap) refuses larger jobs at enqueue.
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class App:
         fence_url: str | None = None,
         retry_profiles: dict[str, RetryPolicy] | None = None,
         redis: ConnectionSettings | None = None,
+        max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         self._redis_url = redis_url or env_default("RINGFENCE_REDIS_URL")
         self.namespace = check_name("namespace", namespace or env_default("RINGFENCE_NAMESPACE", "ringfence") or "")
@@ -73,6 +76,9 @@ class App:
         self.default_timeout_s = timeout_s
         self.default_expiry_s = expiry_s
         self.fence_url = fence_url or env_default("RINGFENCE_FENCE_URL")
+        if max_payload_bytes is not None and (type(max_payload_bytes) is not int or max_payload_bytes < 1):
+            raise ConfigError(f"max_payload_bytes={max_payload_bytes!r} must be a positive int (bytes) or None")
+        self.max_payload_bytes = max_payload_bytes
         self.registry = Registry()
         self.retry_profiles: dict[str, RetryPolicy] = {}
         self.breakers: dict[str, BreakerPolicy] = {}

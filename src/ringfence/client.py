@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ringfence.errors import ConfigError, DuplicateJob
+from ringfence.errors import ConfigError, DuplicateJob, PayloadError
 from ringfence.models import JobSpec, new_job_id
 from ringfence.settings import MAX_ATTEMPTS_LIMIT, check_name
 from ringfence.tasks import EnqueueOptions, Task
@@ -59,7 +59,13 @@ class Client:
         job_id = opts.job_id or new_job_id()
         check_name("job id", job_id)
         ukey, until = self._unique(task, args, opts, max(now, at))
-        return queue, job_id, spec.encode(), at, ukey, until
+        encoded = spec.encode()
+        cap = self.app.max_payload_bytes
+        if cap is not None and len(encoded) > cap:
+            raise PayloadError(f"task {task.name!r}: the job is {len(encoded):,} bytes, above max_payload_bytes="
+                               f"{cap:,}; store large data elsewhere and pass its id (or raise "
+                               "App(max_payload_bytes=...))")
+        return queue, job_id, encoded, at, ukey, until
 
     @staticmethod
     def _unique(task: Task, args: dict[str, Any], opts: EnqueueOptions, start_ms: int) -> tuple[str, int]:
@@ -98,6 +104,8 @@ class Client:
                     if opts.raise_on_duplicate:
                         raise DuplicateJob(f"unique key {prepared[i][4]!r} is held by job {got}", got)
                     ids[i] = got
+                elif not got and opts.raise_on_duplicate:  # the id holds another job (not a retry of ours)
+                    raise DuplicateJob(f"job id {ids[i]!r} exists already with another payload or time", ids[i])
         return ids
 
     def _new_queues(self, prepared: list[Prepared]) -> list[str]:

@@ -6,7 +6,8 @@
     ├── ConfigError            a setting breaks an invariant; the app or worker refuses to start
     ├── EnvironmentMismatch    the namespace belongs to another environment (staging vs production)
     ├── PayloadError           a payload cannot be encoded or decoded (names the task and field)
-    │   └── PayloadTooNew      written by a newer release than this worker: delayed, not failed
+    │   ├── PayloadTooNew      written by a newer release than this worker: delayed, not failed
+    │   └── BadRecord          a stored job record breaks the wire format (names the field and its type)
     ├── DuplicateJob           a unique enqueue found the key held by a queued or running job
     ├── BrokerError            Redis did something the broker did not expect
     │   └── RedisFull          Redis is at maxmemory: writes that add data (enqueue) are refused
@@ -47,6 +48,10 @@ class PayloadError(RingfenceError):
 
 class PayloadTooNew(PayloadError):
     """The payload's version is newer than this worker reads (rolling deploy): the job waits, it is not failed."""
+
+
+class BadRecord(PayloadError):
+    """A record read from Redis cannot be decoded: the message names the field and the value's type."""
 
 
 class DuplicateJob(RingfenceError):

@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from ringfence.errors import BadRecord
 from ringfence.models import DeadJob, JobSpec
 from ringfence.redis.broker import Broker
 
@@ -14,8 +15,8 @@ from ringfence.redis.broker import Broker
 def queue_info(broker: Broker, queue: str) -> dict[str, Any]:
     c = broker.queue_counts(queue)
     latency = 0.0
-    if c["oldest_pending_spec"]:
-        latency = max(0.0, (broker.clock() - JobSpec.decode(c["oldest_pending_spec"]).enqueued_ms) / 1000)
+    if c["oldest_enqueued_ms"] is not None:
+        latency = max(0.0, (broker.clock() - c["oldest_enqueued_ms"]) / 1000)
     stats = c["stats"]
     return {
         "queue": queue,
@@ -27,6 +28,7 @@ def queue_info(broker: Broker, queue: str) -> dict[str, Any]:
         "processed": stats.get("processed", 0),
         "failed": stats.get("failed", 0),
         "orphaned": stats.get("orphaned", 0),
+        "dangling": stats.get("dangling", 0),  # queued ids that had no record: dropped and logged by a worker
         "latency_s": round(latency, 3),
         "paused": c["paused"],
         **versions_in_flight(broker, queue),
@@ -34,12 +36,19 @@ def queue_info(broker: Broker, queue: str) -> dict[str, Any]:
 
 
 def versions_in_flight(broker: Broker, queue: str) -> dict[str, Any]:
-    """``task@version`` counts of the jobs in the queue (exact up to 1,000 jobs, else from a random sample)."""
-    specs, exact = broker.spec_sample(queue)
+    """``task@version`` counts of the jobs in the queue (exact up to 1,000 jobs, else from a random sample).
+    Reads only the head of each spec, never a whole payload; a malformed record counts as ``malformed``."""
+    heads, exact = broker.spec_sample(queue)
     counts: dict[str, int] = {}
-    for raw in specs:
-        spec = JobSpec.decode(raw)
-        tag = f"{spec.task}@v{spec.version}"
+    for head, size in heads:
+        if size == -2:  # a long spec past the read budget: the versions are a sample
+            exact = False
+            continue
+        try:
+            spec = JobSpec.decode_head(head, size)
+            tag = f"{spec.task}@v{spec.version}"
+        except BadRecord:
+            tag = "malformed"
         counts[tag] = counts.get(tag, 0) + 1
     return {"versions": dict(sorted(counts.items())), "versions_exact": exact}
 
@@ -57,14 +66,44 @@ def servers(broker: Broker) -> list[dict[str, Any]]:
     return sorted(broker.servers(), key=lambda s: (s.get("host", ""), s.get("pid", 0)))
 
 
-def dead_job(queue: str, job_id: str, record: dict[str, Any]) -> DeadJob:
-    spec = JobSpec.decode(record["spec"])
-    return DeadJob(
-        id=job_id, queue=queue, task=record.get("task", spec.task), args=spec.args,
-        reason=record.get("reason", ""), error=record.get("error", ""), traceback=record.get("traceback", ""),
-        attempts=int(record.get("attempts", 0)), died_ms=int(record.get("died_ms", 0)),
-        history=orjson.loads(record["history"]) if record.get("history") else [],
-    )
+def dead_job(queue: str, job_id: str, raw: bytes) -> DeadJob:
+    """A dead record as a DeadJob; one that cannot be read comes back marked ``malformed`` (with what could
+    be read), so every reader lists it and ``dead delete`` can remove it."""
+    try:
+        record = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        try:  # a spec with invalid UTF-8 is copied into its dead record as is: read the rest around it
+            record = orjson.loads(raw.decode(errors="replace"))
+        except orjson.JSONDecodeError:
+            record = None
+        return _malformed(queue, job_id, record if isinstance(record, dict) else {}, f"dead record: {exc}")
+    if not isinstance(record, dict):
+        return _malformed(queue, job_id, {}, f"dead record is {type(record).__name__}, expected a JSON object")
+    try:
+        spec = JobSpec.decode(record["spec"]) if isinstance(record.get("spec"), str) else None
+        if spec is None:
+            raise BadRecord("dead record has no spec string")
+        history = orjson.loads(record["history"]) if record.get("history") else []
+        return DeadJob(
+            id=job_id, queue=queue, task=str(record.get("task", spec.task)), args=spec.args,
+            reason=str(record.get("reason", "")), error=str(record.get("error", "")),
+            traceback=str(record.get("traceback", "")), attempts=int(record.get("attempts", 0)),
+            died_ms=int(record.get("died_ms", 0)), history=history if isinstance(history, list) else [],
+        )
+    except (orjson.JSONDecodeError, BadRecord, TypeError, ValueError) as exc:
+        return _malformed(queue, job_id, record, str(exc))
+
+
+def _malformed(queue: str, job_id: str, record: dict[str, Any], why: str) -> DeadJob:
+    def num(name: str) -> int:
+        try:
+            return int(record.get(name, 0))
+        except (TypeError, ValueError):
+            return 0
+
+    return DeadJob(id=job_id, queue=queue, task=str(record.get("task", "?")), args={},
+                   reason=str(record.get("reason", "malformed")), error=str(record.get("error", "")),
+                   traceback="", attempts=num("attempts"), died_ms=num("died_ms"), history=[], malformed=why)
 
 
 @dataclass(frozen=True)

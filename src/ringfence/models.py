@@ -10,7 +10,21 @@ from typing import Any
 
 import orjson
 
-from ringfence.errors import PayloadError
+from ringfence.errors import BadRecord, PayloadError
+
+#: Wire format of a stored spec: key -> (field name, accepted types, required). ``a`` is written last so a
+#: reader can decode the head of a large spec without its payload (see :func:`JobSpec.decode_head`).
+_WIRE: dict[str, tuple[str, tuple[type, ...], bool]] = {
+    "t": ("task", (str,), True),
+    "v": ("version", (int,), False),
+    "e": ("enqueued_ms", (int, float), True),
+    "m": ("max_attempts", (int,), False),
+    "to": ("timeout_ms", (int,), False),
+    "x": ("expires_ms", (int, float), False),
+    "a": ("args", (dict,), True),
+}
+_JSON_TYPE = {str: "a string", int: "an integer", float: "a number", dict: "an object", list: "a list",
+              bool: "a boolean", type(None): "null"}
 
 
 def new_job_id() -> str:
@@ -36,7 +50,7 @@ class JobSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        doc: dict[str, Any] = {"t": self.task, "v": self.version, "e": self.enqueued_ms, "a": self.args}
+        doc: dict[str, Any] = {"t": self.task, "v": self.version, "e": self.enqueued_ms}
         if self.max_attempts is not None:
             doc["m"] = self.max_attempts
         if self.timeout_ms is not None:
@@ -44,6 +58,7 @@ class JobSpec:
         if self.expires_ms is not None:
             doc["x"] = self.expires_ms
         doc.update(self.extra)
+        doc["a"] = self.args  # last: the head of the record holds everything but the payload
         try:
             return orjson.dumps(doc)
         except TypeError as exc:
@@ -51,17 +66,58 @@ class JobSpec:
 
     @classmethod
     def decode(cls, raw: bytes | str) -> JobSpec:
-        doc = orjson.loads(raw)
-        return cls(
-            task=doc.pop("t"),
-            version=doc.pop("v", 1),
-            enqueued_ms=doc.pop("e"),
-            args=doc.pop("a"),
-            max_attempts=doc.pop("m", None),
-            timeout_ms=doc.pop("to", None),
-            expires_ms=doc.pop("x", None),
-            extra=doc,
-        )
+        """Decode a stored spec; :class:`BadRecord` names the field and the type of a value that breaks the
+        wire format (a record written by hand, a bug, another program)."""
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise BadRecord(f"spec is not valid JSON: {exc}") from exc
+        return cls._from_doc(doc, need_args=True)
+
+    @classmethod
+    def decode_head(cls, head: bytes, size: int) -> JobSpec:
+        """Decode the first bytes of a spec of ``size`` bytes: all of it when it fits, else every field but
+        the payload (``args`` is then empty). Readers that count jobs never load whole payloads."""
+        if len(head) >= size:
+            return cls.decode(head)
+        cut = head.find(b',"a":')
+        if cut < 0:
+            raise BadRecord(f"spec of {size} bytes has no payload field \"a\" in its first {len(head)} bytes")
+        try:
+            doc = orjson.loads(head[:cut] + b"}")
+        except orjson.JSONDecodeError as exc:
+            raise BadRecord(f"spec is not valid JSON: {exc}") from exc
+        return cls._from_doc(doc, need_args=False)
+
+    @classmethod
+    def _from_doc(cls, doc: Any, need_args: bool) -> JobSpec:
+        if not isinstance(doc, dict):
+            raise BadRecord(f"spec is {_type_name(doc)}, expected a JSON object")
+        values: dict[str, Any] = {}
+        for key, (name, types, required) in _WIRE.items():
+            if key not in doc:
+                if required and (need_args or key != "a"):
+                    raise BadRecord(f"spec field {key!r} ({name}) is missing")
+                continue
+            value = doc.pop(key)
+            if value is None and not required:
+                continue
+            if isinstance(value, bool) or not isinstance(value, types):
+                raise BadRecord(f"spec field {key!r} ({name}) holds {_type_name(value)} ({_short(value)}), "
+                                f"expected {' or '.join(_JSON_TYPE[t] for t in types)}")
+            values[name] = value
+        return cls(task=values["task"], args=values.get("args", {}), enqueued_ms=values["enqueued_ms"],
+                   version=values.get("version", 1), max_attempts=values.get("max_attempts"),
+                   timeout_ms=values.get("timeout_ms"), expires_ms=values.get("expires_ms"), extra=doc)
+
+
+def _type_name(value: Any) -> str:
+    return _JSON_TYPE.get(type(value), f"a {type(value).__name__}")
+
+
+def _short(value: Any) -> str:
+    text = orjson.dumps(value).decode() if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _explain_unserialisable(task: str, args: dict[str, Any], exc: Exception) -> str:
@@ -117,8 +173,13 @@ class DeadJob:
     attempts: int
     died_ms: int
     history: list[dict[str, Any]]
+    malformed: str = ""  # why the stored record could not be read (shown, deletable, not replayable)
+    source: str = "redis"  # redis, or sql: only in the failed-jobs table (Redis lost it)
 
     def to_dict(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"source": self.source}
+        if self.malformed:
+            extra["malformed"] = self.malformed
         return {
             "id": self.id,
             "queue": self.queue,
@@ -130,4 +191,5 @@ class DeadJob:
             "attempts": self.attempts,
             "died_ms": self.died_ms,
             "history": self.history,
+            **extra,
         }

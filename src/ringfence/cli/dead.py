@@ -16,6 +16,8 @@ from ringfence.cli.ops import print_json, print_table
 from ringfence.errors import ConfigError
 from ringfence.models import DeadJob
 
+BATCH = 500  # ids per script call of replay and delete
+
 
 def filters(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--queue", default=None, help="only this queue")(fn)
@@ -55,7 +57,8 @@ def list_(app: App, limit: int, as_json: bool, **flt: str | None) -> None:
     if as_json:
         print_json([j.to_dict() for j in jobs])
         return
-    rows = [{"id": j.id, "queue": j.queue, "task": j.task, "reason": j.reason, "attempts": j.attempts,
+    rows = [{"id": j.id + (" (malformed)" if j.malformed else ""), "queue": j.queue, "task": j.task,
+             "reason": j.reason, "attempts": j.attempts,
              "died": datetime.fromtimestamp(j.died_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S"),
              "error": j.error[:60]} for j in jobs]
     print_table("dead jobs (newest first)", rows, ["id", "queue", "task", "reason", "attempts", "died", "error"])
@@ -86,10 +89,13 @@ def replay(app: App, ids: tuple[str, ...], all_: bool, **flt: str | None) -> Non
         in_redis = [j for j in (inspect.find_dead(app.broker, i) for i in ids) if j is not None]
     else:
         in_redis = inspect.dead_jobs(app.broker, inspect.DeadFilter(**flt))
+    malformed = [j.id for j in in_redis if j.malformed]
     done: list[str] = []
     for queue in sorted({j.queue for j in in_redis}):
-        replayed: list[str] = app.broker.run(app.broker.replay(queue, [j.id for j in in_redis if j.queue == queue]))
-        done.extend(replayed)
+        ids_ = [j.id for j in in_redis if j.queue == queue and not j.malformed]
+        for start in range(0, len(ids_), BATCH):  # bounded script calls, whatever the dead-letter's size
+            replayed: list[str] = app.broker.run(app.broker.replay(queue, ids_[start:start + BATCH]))
+            done.extend(replayed)
     seen = {j.id for j in in_redis}
     restored = 0
     for row in _durable_rows(app, ids, all_, **flt):
@@ -106,6 +112,9 @@ def replay(app: App, ids: tuple[str, ...], all_: bool, **flt: str | None) -> Non
     missing = [i for i in ids if i not in seen]
     note = f" ({restored} restored from the failed_jobs table)" if restored else ""
     click.echo(f"replayed {len(done)} job(s){note}")
+    if malformed:
+        click.echo(f"not replayed, malformed record(s) (see `ringfence dead show ID`, remove with "
+                   f"`ringfence dead delete ID`): {' '.join(malformed[:20])}", err=True)
     if missing:
         raise ConfigError(f"not in dead-letter: {', '.join(missing)}")
 
@@ -132,7 +141,9 @@ def delete(app: App, ids: tuple[str, ...], all_: bool, **flt: str | None) -> Non
     jobs = _select(app, ids, all_, **flt)
     done = 0
     for queue in sorted({j.queue for j in jobs}):
-        done += app.broker.run(app.broker.delete_dead(queue, [j.id for j in jobs if j.queue == queue]))
+        ids_ = [j.id for j in jobs if j.queue == queue]
+        for start in range(0, len(ids_), BATCH):
+            done += app.broker.run(app.broker.delete_dead(queue, ids_[start:start + BATCH]))
     click.echo(f"deleted {done} job(s)")
 
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ringfence.doctor.model import Thresholds
-from ringfence.models import JobSpec
 from ringfence.redis.broker import Broker
 
 if TYPE_CHECKING:
@@ -20,8 +19,8 @@ def queue_gauges(broker: Broker, queue: str) -> dict[str, Any]:
     """Counts, counters, latency and paused of one queue: two round trips, no job scan."""
     c = broker.queue_counts(queue)
     latency = 0.0
-    if c["oldest_pending_spec"]:
-        latency = max(0.0, (broker.clock() - JobSpec.decode(c["oldest_pending_spec"]).enqueued_ms) / 1000)
+    if c["oldest_enqueued_ms"] is not None:
+        latency = max(0.0, (broker.clock() - c["oldest_enqueued_ms"]) / 1000)
     return {"queue": queue, "pending": c["pending"], "active": c["active"], "scheduled": c["scheduled"],
             "retry": c["retry"], "dead": c["dead"], "paused": c["paused"], "latency_s": round(latency, 3),
             "stats": c["stats"]}

@@ -8,6 +8,7 @@ from typing import Any
 
 from ringfence.doctor.context import Context
 from ringfence.doctor.model import Finding, Status, check
+from ringfence.errors import BadRecord
 from ringfence.models import JobSpec
 from ringfence.redis import observe
 
@@ -116,8 +117,11 @@ def future_loads(ctx: Context) -> dict[str, tuple[int, int]]:
     for name in ctx.after.queues:
         sample, total = observe.waiting_jobs(ctx.broker, name)
         scale = total / len(sample) if sample else 0.0
-        for raw, started in sample:
-            spec = JobSpec.decode(raw)
+        for head, size, started in sample:
+            try:
+                spec = JobSpec.decode_head(head, size)
+            except BadRecord:
+                continue  # dead-lettered as bad_record when a worker fetches it
             dep, max_attempts = _task_facts(ctx, spec, name)
             acc = out[dep]
             acc[0] += scale

@@ -9,7 +9,8 @@ from typing import Any
 
 from ringfence.doctor.context import Context
 from ringfence.doctor.model import Finding, Status, check
-from ringfence.errors import ConfigError
+from ringfence.errors import BadRecord, ConfigError
+from ringfence.inspect import dead_job
 from ringfence.models import JobSpec
 from ringfence.redis import observe
 
@@ -72,12 +73,12 @@ def _recent_dead(ctx: Context, queue: str, cutoff_ms: int, reasons: set[str]) ->
         if not ids:
             return out
         offset += len(ids)
-        for _, record in b.dead_records(queue, ids):
-            died = int(record.get("died_ms", 0))
-            if died < cutoff_ms:
+        for job_id, raw in b.dead_records(queue, ids):
+            job = dead_job(queue, job_id, raw)  # survives a malformed record
+            if job.died_ms < cutoff_ms:
                 return out
-            if record.get("reason") in reasons:
-                out.append(died)
+            if job.reason in reasons:
+                out.append(job.died_ms)
 
 
 @check("orphaned", "no attempt was orphaned recently", cheap=False)
@@ -181,7 +182,7 @@ def timeouts(ctx: Context) -> Iterator[Finding]:
     for name in ctx.after.queues:
         sample, _ = observe.waiting_jobs(ctx.broker, name)
         # A producer with other settings may enqueue a per-job timeout these workers cannot honour.
-        over = [t for t in (JobSpec.decode(raw).timeout_ms for raw, _ in sample) if t and t >= max_lease_ms]
+        over = [t for t in (_timeout_ms(head, size) for head, size, _ in sample) if t and t >= max_lease_ms]
         if over:
             yield Finding(
                 "timeouts", Status.FAILURE, subject=name,
@@ -228,3 +229,10 @@ def memory(ctx: Context) -> Iterator[Finding]:
         remedy="raise maxmemory, prune old dead jobs (`ringfence dead prune --older-than-days N`), or move caches "
                "to another Redis",
         numbers={"used_memory": used, "maxmemory": limit, "ratio": round(ratio, 3), "policy": policy})
+
+
+def _timeout_ms(head: bytes, size: int) -> int | None:
+    try:
+        return JobSpec.decode_head(head, size).timeout_ms
+    except BadRecord:
+        return None  # dead-lettered as bad_record when a worker fetches it

@@ -17,12 +17,19 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, OutOfMemoryError
 
+from ringfence.errors import BadRecord
+from ringfence.models import JobSpec
 from ringfence.redis.clock import ServerClock
 from ringfence.redis.connection import UNAVAILABLE, ConnectionSettings, Health, async_client, full_error, sync_client
 from ringfence.redis.keys import Keys
 from ringfence.redis.scripts import PROBE, script
 
 T = TypeVar("T")
+
+#: Bytes of a spec that readers load to count jobs (task, version, times, limits; never the payload).
+HEAD_BYTES = 512
+#: Bytes of long specs copied inside Redis per read to cut their heads (Lua has no substring of a hash field).
+HEAD_BUDGET = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -41,13 +48,50 @@ def _str(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
+def _int(raw: Any) -> int:
+    """A counter as stored; a value written by something else reads as 0 rather than breaking every reader."""
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _json_list(raw: Any) -> list[Any]:
+    """A stored JSON list; empty when missing or malformed (readers show what they can)."""
+    try:
+        found = orjson.loads(raw) if raw else []
+    except orjson.JSONDecodeError:
+        return []
+    return found if isinstance(found, list) else []
+
+
+def _json_object(raw: Any) -> dict[str, Any] | None:
+    try:
+        found = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _enqueued_ms(head: bytes, size: int) -> int | None:
+    """Enqueue time from a spec's head; None without a record or when it is malformed (the worker
+    dead-letters it when it gets there)."""
+    if size < 0:
+        return None  # no record (-1), or not read (-2)
+    try:
+        return int(JobSpec.decode_head(head, size).enqueued_ms)
+    except BadRecord:
+        return None
+
+
 def _enqueued(raw: Any) -> list[bool | str]:
     return [x.decode() if isinstance(x, bytes) else bool(x) for x in raw]
 
 
 def _fetched(raw: Any) -> list[tuple[str, bytes, int]]:
+    """(id, spec, attempt) per job; attempt 0 marks a dangling id (queued without a record: dropped, counted)."""
     raw = raw or []
-    return [(raw[i].decode(), raw[i + 1], int(raw[i + 2])) for i in range(0, len(raw), 3)]
+    return [(_str(raw[i]), raw[i + 1], int(raw[i + 2])) for i in range(0, len(raw), 3)]
 
 
 def _compiles(probe: Callable[[], Any]) -> bool:
@@ -228,7 +272,7 @@ class Broker:
 
     def fetch(self, queue: str, count: int, deadline_ms: int, token: str) -> Call[list[tuple[str, bytes, int]]]:
         k = self.keys.queue(queue)
-        return Call("fetch", [k.pending, k.jobs, k.active, k.lease, k.attempts, k.paused],
+        return Call("fetch", [k.pending, k.jobs, k.active, k.lease, k.attempts, k.paused, k.stats],
                     [deadline_ms, count, token], _fetched)
 
     def extend(self, queue: str, leases: Iterable[tuple[str, str, int]]) -> Call[list[str]]:
@@ -323,7 +367,8 @@ class Broker:
         if not ids:
             return []
         raws = self.sync.hmget(self.keys.server_info, ids)
-        return [orjson.loads(raw) for raw in raws if raw]
+        found = [_json_object(raw) for raw in raws if raw]
+        return [s for s in found if s is not None]
 
     # -- reads for inspect ----------------------------------------------------------------------
     def queue_counts(self, queue: str) -> dict[str, Any]:
@@ -338,22 +383,31 @@ class Broker:
         p.exists(k.paused)
         p.lindex(k.pending, -1)
         pending, active, scheduled, retry, dead, stats, paused, oldest = p.execute()
-        oldest_spec = self.sync.hget(k.jobs, oldest) if oldest else None
+        oldest_ms = None
+        if oldest:
+            [(head, size)], _ = self.run(self.spec_heads(queue, [_str(oldest)]))
+            oldest_ms = _enqueued_ms(head, size)
         return {
             "pending": pending, "active": active, "scheduled": scheduled, "retry": retry, "dead": dead,
-            "stats": {key.decode(): int(v) for key, v in stats.items()},
+            "stats": {_str(key): _int(v) for key, v in stats.items()},
             "paused": bool(paused),
-            "oldest_pending_spec": oldest_spec,
+            "oldest_enqueued_ms": oldest_ms,  # None: nothing pending, or its record is malformed
         }
 
-    def spec_sample(self, queue: str, size: int = 1000) -> tuple[list[bytes], bool]:
-        """Specs of jobs in the queue: all of them when there are at most ``size``, else a random sample.
-        Returns (specs, exact)."""
-        jobs = self.keys.queue(queue).jobs
-        if self.sync.hlen(jobs) <= size:
-            return [x if isinstance(x, bytes) else x.encode() for x in self.sync.hvals(jobs)], True
-        flat: Any = self.sync.hrandfield(jobs, size, withvalues=True)
-        return [bytes(x) for x in flat[1::2]], False
+    def spec_heads(self, queue: str, ids: Sequence[str] = (), size: int = 1000
+                   ) -> Call[tuple[list[tuple[bytes, int]], bool]]:
+        """The first ``HEAD_BYTES`` of job specs with their full size: of ``ids`` (size -1: no record), else of
+        every job when there are at most ``size``, else of a random sample. Long specs are read only within
+        ``HEAD_BUDGET`` bytes (size -2: skipped). Parses to (heads, exact)."""
+        def parse(raw: Any) -> tuple[list[tuple[bytes, int]], bool]:
+            return [(bytes(raw[i]), int(raw[i + 1])) for i in range(1, len(raw), 2)], bool(raw[0])
+
+        return Call("spec_heads", [self.keys.queue(queue).jobs], [HEAD_BYTES, size, HEAD_BUDGET, *ids], parse)
+
+    def spec_sample(self, queue: str, size: int = 1000) -> tuple[list[tuple[bytes, int]], bool]:
+        """(head, size) of the specs in the queue: all of them when there are at most ``size``, else a random
+        sample. Returns (heads, exact)."""
+        return self.run(self.spec_heads(queue, size=size))
 
     async def oldest_enqueued_ms(self, queue: str) -> int | None:
         """Enqueue time of the job that has waited longest in ``pending`` (for starvation bounds)."""
@@ -361,8 +415,8 @@ class Broker:
         oldest = await self.aio.lindex(k.pending, -1)
         if oldest is None:
             return None
-        raw = await self.aio.hget(k.jobs, oldest)
-        return int(orjson.loads(raw)["e"]) if raw else None
+        [(head, size)], _ = await self.arun(self.spec_heads(queue, [_str(oldest)]))
+        return _enqueued_ms(head, size)
 
     def job_spec(self, queue: str, job_id: str) -> bytes | None:
         raw: Any = self.sync.hget(self.keys.queue(queue).jobs, job_id)
@@ -374,18 +428,19 @@ class Broker:
 
     def history(self, queue: str, job_id: str) -> list[dict[str, Any]]:
         raw = self.sync.hget(self.keys.queue(queue).history, job_id)
-        return list(orjson.loads(raw)) if raw else []
+        return _json_list(raw)
 
     def dead_ids(self, queue: str, offset: int = 0, count: int = -1) -> list[str]:
         k = self.keys.queue(queue)
         end = -1 if count < 0 else offset + count - 1
         return _ids(self.sync.zrevrange(k.dead, offset, end))
 
-    def dead_records(self, queue: str, ids: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+    def dead_records(self, queue: str, ids: Sequence[str]) -> list[tuple[str, bytes]]:
+        """Stored dead records as bytes (decoded by ``inspect.dead_job``, which survives malformed ones)."""
         if not ids:
             return []
-        raws = self.sync.hmget(self.keys.queue(queue).dead_jobs, list(ids))
-        return [(i, orjson.loads(r)) for i, r in zip(ids, raws, strict=True) if r]
+        raws: list[Any] = self.sync.hmget(self.keys.queue(queue).dead_jobs, list(ids))
+        return [(i, bytes(r)) for i, r in zip(ids, raws, strict=True) if r is not None]
 
     def set_paused(self, queue: str, paused: bool) -> None:
         k = self.keys.queue(queue)

@@ -47,9 +47,10 @@ def memory(broker: Broker) -> tuple[int, int, str]:
     return int(info["used_memory"]), int(info.get("maxmemory") or 0), str(info.get("maxmemory_policy", "?"))
 
 
-def waiting_jobs(broker: Broker, queue: str, limit: int = 1000) -> tuple[list[tuple[bytes, int]], int]:
-    """Jobs waiting to run (pending, retry, scheduled): up to ``limit`` of (spec, attempts started), and the
-    total number waiting, so a caller can scale a sample up."""
+def waiting_jobs(broker: Broker, queue: str, limit: int = 1000) -> tuple[list[tuple[bytes, int, int]], int]:
+    """Jobs waiting to run (pending, retry, scheduled): up to ``limit`` of (spec head, spec size, attempts
+    started) — the head, never the whole payload (``JobSpec.decode_head``) — and the total number waiting, so
+    a caller can scale a sample up."""
     k = broker.keys.queue(queue)
     p = broker.sync.pipeline(transaction=False)
     p.lrange(k.pending, -limit, -1)
@@ -59,24 +60,35 @@ def waiting_jobs(broker: Broker, queue: str, limit: int = 1000) -> tuple[list[tu
     p.zcard(k.retry)
     p.zcard(k.scheduled)
     pending, retry, scheduled, n_pending, n_retry, n_scheduled = p.execute()
-    ids = (list(pending) + list(retry) + list(scheduled))[:limit]
+    ids = [_text(i) or "" for i in (list(pending) + list(retry) + list(scheduled))[:limit]]
     if not ids:
         return [], 0
-    p = broker.sync.pipeline(transaction=False)
-    p.hmget(k.jobs, ids)
-    p.hmget(k.attempts, ids)
-    specs, attempts = p.execute()
-    out = [(s, int(a or 0)) for s, a in zip(specs, attempts, strict=True) if s]
+    heads, _ = broker.run(broker.spec_heads(queue, ids))
+    attempts = broker.sync.hmget(k.attempts, ids)
+    out = [(h, size, _count(a)) for (h, size), a in zip(heads, attempts, strict=True) if size >= 0]
     return out, int(n_pending + n_retry + n_scheduled)
 
 
+def _count(raw: Any) -> int:
+    try:
+        return int(raw or 0)
+    except ValueError:
+        return 0
+
+
 def history_sample(broker: Broker, queue: str, count: int = 1000) -> list[dict[str, Any]]:
-    """History entries (failed and orphaned attempts) of up to ~``count`` jobs still in Redis."""
+    """History entries (failed and orphaned attempts) of up to ~``count`` jobs still in Redis; malformed
+    entries are skipped."""
     k = broker.keys.queue(queue)
     _, data = broker.sync.hscan(k.history, 0, count=count)
     entries: list[dict[str, Any]] = []
     for raw in data.values():  # type: ignore[union-attr]
-        entries.extend(orjson.loads(raw))
+        try:
+            found = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(found, list):
+            entries.extend(e for e in found if isinstance(e, dict))
     return entries
 
 

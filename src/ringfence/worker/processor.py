@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from ringfence.app import App
-from ringfence.errors import PayloadError, PayloadTooNew
+from ringfence.errors import BadRecord, PayloadError, PayloadTooNew
 from ringfence.logs import JobLogger, job_logger
 from ringfence.metrics import Metrics
 from ringfence.models import DeadJob, Fetched, JobSpec
@@ -135,10 +135,15 @@ class Processor:
             token = f"{self.server_id}.{self._seq}"
             deadline = now + int(self.settings.lease_s * 1000)
             got = await self.broker.arun(self.broker.fetch(queue, free, deadline, token))
-            if got:
-                for job_id, raw, attempt in got:
-                    self._start(Fetched(job_id, queue, raw, attempt, token, now))
-                return len(got)
+            dangling = [job_id for job_id, _, attempt in got if attempt == 0]
+            if dangling:
+                got = [g for g in got if g[2] > 0]
+                log.error("queue %s: %d queued id(s) had no job record and were dropped (counted as "
+                          "'dangling'): %s", queue, len(dangling), " ".join(dangling[:10]))
+            for job_id, raw, attempt in got:
+                self._start(Fetched(job_id, queue, raw, attempt, token, now))
+            if got or dangling:
+                return len(got) or 1  # dangling only: fetch again at once, the queue may hold more
         return 0
 
     def _start(self, job: Fetched) -> None:
@@ -163,8 +168,8 @@ class Processor:
         job = r.job
         try:
             spec = JobSpec.decode(job.raw)
-        except Exception as exc:
-            return Outcome("dead", "bad_payload", f"job {job.id}: stored spec is not valid JSON: {exc}")
+        except BadRecord as exc:  # written straight into Redis by something else: no retry can fix it
+            return Outcome("dead", "bad_record", f"job {job.id}: {exc}")
         job.spec = spec
         task = self.app.registry.get(spec.task)
         if task is None:

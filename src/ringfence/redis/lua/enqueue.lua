@@ -10,9 +10,17 @@
 -- ARGV[1] now ms
 -- ARGV[2] wake channel
 -- ARGV[3..] groups of 5: id, spec JSON, run-at ms (0 = now), unique key ('' = none), unique hold end ms
--- Returns: per job 1 (added), 0 (the id existed: enqueue by id is idempotent) or the id of the queued or
+-- Returns: per job 1 (added; also when the id holds this very spec: a retried call whose first reply was
+-- lost), 0 (the id existed with another spec: enqueue by id is idempotent) or the id of the queued or
 -- running job that holds the unique key.
 local now = tonumber(ARGV[1])
+-- Check every argument before the first write: a script that fails half-way keeps its writes, and a job
+-- stored but never queued would never run.
+for i = 3, #ARGV, 5 do
+  if not tonumber(ARGV[i + 2]) or not tonumber(ARGV[i + 4]) then
+    return redis.error_reply('enqueue: run-at and hold end of job ' .. ARGV[i] .. ' must be numbers')
+  end
+end
 -- Forget a few expired unique holds on each call: bounded work, no sweeper needed.
 local stale = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now, 'LIMIT', 0, 20)
 for _, ukey in ipairs(stale) do
@@ -44,6 +52,8 @@ for i = 3, #ARGV, 5 do
       ready = ready + 1
     end
     added = added + 1
+    out[#out + 1] = 1
+  elseif redis.call('HGET', KEYS[1], id) == ARGV[i + 1] then
     out[#out + 1] = 1
   else
     out[#out + 1] = 0

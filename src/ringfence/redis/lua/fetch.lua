@@ -6,10 +6,12 @@
 -- KEYS[4] lease     hash  id -> token
 -- KEYS[5] attempts  hash  id -> attempts started
 -- KEYS[6] paused    string, exists while paused
+-- KEYS[7] stats     hash  counters ('dangling': queued ids that had no record)
 -- ARGV[1] lease deadline ms
 -- ARGV[2] max jobs
 -- ARGV[3] lease token of this fetch (unique per call)
--- Returns: flat list id, spec, attempt, ... (empty when paused or nothing is ready).
+-- Returns: flat list id, spec, attempt, ... (empty when paused or nothing is ready); a queued id without a
+-- record is dropped, counted, and returned as id, '', 0 so the worker logs it.
 if redis.call('EXISTS', KEYS[6]) == 1 then return {} end
 local ids = redis.call('RPOP', KEYS[1], tonumber(ARGV[2]))
 if not ids then return {} end
@@ -23,6 +25,11 @@ for _, id in ipairs(ids) do
     out[#out + 1] = id
     out[#out + 1] = spec
     out[#out + 1] = n
+  else
+    redis.call('HINCRBY', KEYS[7], 'dangling', 1)
+    out[#out + 1] = id
+    out[#out + 1] = ''
+    out[#out + 1] = 0
   end
 end
 return out
