@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from support import ROOT
 
@@ -16,7 +20,7 @@ class FaultWorker:
     """A worker process of faultapp.py; its output goes to a file so a test can count its log lines."""
 
     def __init__(self, url: str, namespace: str, directory: Path, queues: str, *, prefix: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None, name: str = "worker") -> None:
+                 env: dict[str, str] | None = None, name: str = "worker", alerts: bool = False) -> None:
         self.log_path = directory / f"{name}.log"
         full_env = {**os.environ, "RINGFENCE_REDIS_URL": url, "RINGFENCE_NAMESPACE": namespace,
                     "FAULT_DIR": str(directory), "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}"
@@ -24,7 +28,7 @@ class FaultWorker:
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen(
                 [*prefix, sys.executable, "-m", "ringfence.cli", "worker", "--app", "faultapp:app", "--queues",
-                 queues, "--concurrency", "10", "--no-alerts"],
+                 queues, "--concurrency", "10", "--alerts" if alerts else "--no-alerts"],
                 env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def lines(self) -> list[str]:
@@ -43,3 +47,59 @@ class FaultWorker:
 def runs(directory: Path, kind: str = "started") -> Counter[str]:
     """Job id -> how many runs left a ``kind`` mark."""
     return Counter(p.name.split(".")[0] for p in directory.glob(f"*.{kind}"))
+
+
+class HalfOpenProxy:
+    """A TCP proxy to Redis. ``freeze()`` makes every connection open at that moment half-open: bytes are
+    dropped both ways, nothing is closed, so a client waits for an answer that never comes (a NAT or firewall
+    that forgot the connection). Connections opened later pass normally."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = ("127.0.0.1", target_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.pairs: list[dict[str, Any]] = []
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            pair: dict[str, Any] = {"frozen": False, "socks": (client, server)}
+            self.pairs.append(pair)
+            threading.Thread(target=self._pump, args=(client, server, pair), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, pair), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket, pair: dict[str, Any]) -> None:
+        try:
+            while data := src.recv(65536):
+                if not pair["frozen"]:
+                    dst.sendall(data)
+        except OSError:
+            pass
+        for s in pair["socks"]:
+            with contextlib.suppress(OSError):
+                s.close()
+
+    def freeze(self) -> int:
+        """Black-hole every open connection; returns how many."""
+        for pair in self.pairs:
+            pair["frozen"] = True
+        return len(self.pairs)
+
+    def close(self) -> None:
+        self.closed = True
+        self.listener.close()
+        for pair in self.pairs:
+            for s in pair["socks"]:
+                with contextlib.suppress(OSError):
+                    s.close()

@@ -15,10 +15,12 @@ from ringfence.errors import (
     PayloadError,
     PayloadTooNew,
     Permanent,
+    RedisFull,
     RetryLater,
     RingfenceError,
 )
 from ringfence.models import DeadJob
+from ringfence.redis.connection import ConnectionSettings
 from ringfence.settings import BreakerPolicy, RetryPolicy, WorkerSettings
 from ringfence.tasks import JobContext, Task
 
@@ -26,6 +28,7 @@ __all__ = [
     "App",
     "BreakerPolicy",
     "ConfigError",
+    "ConnectionSettings",
     "DeadJob",
     "DuplicateJob",
     "FenceBusy",
@@ -37,6 +40,7 @@ __all__ = [
     "PayloadError",
     "PayloadTooNew",
     "Permanent",
+    "RedisFull",
     "RetryLater",
     "RetryPolicy",
     "RingfenceError",

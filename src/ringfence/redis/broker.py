@@ -148,9 +148,16 @@ class Broker:
         try:
             await self.server_clock.ameasure(self.aio)
         except UNAVAILABLE as exc:
-            self.health.lost(exc)
+            await self._unavailable(exc)
             raise
         self.health.ok()
+
+    async def _unavailable(self, exc: Exception) -> None:
+        self.health.lost(exc)
+        if isinstance(exc, redis.TimeoutError):
+            # A socket that stops answering (half-open: NAT, failover) rarely dies alone: drop every pooled
+            # connection so the next call opens a fresh one instead of waiting out a timeout per connection.
+            await self.aio.connection_pool.disconnect()
 
     def run(self, call: Call[T]) -> T:
         try:
@@ -183,7 +190,7 @@ class Broker:
         except OutOfMemoryError as exc:
             raise full_error(call.name, await self.aio.info("memory")) from exc
         except UNAVAILABLE as exc:
-            self.health.lost(exc)
+            await self._unavailable(exc)
             raise
         self.health.ok()
         return call.parse(raw)

@@ -12,7 +12,7 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from ringfence.redis.connection import REFUSED
+from ringfence.redis.connection import REFUSED, UNAVAILABLE
 from ringfence.worker.loop import Loop
 
 if TYPE_CHECKING:
@@ -53,7 +53,12 @@ class Heartbeat(Loop):
         }
 
     async def tick(self) -> None:
-        await self.extend_leases()
+        try:
+            await self.extend_leases()
+        except UNAVAILABLE as exc:
+            # Once more at once, on a fresh connection: a hung socket must not cost the leases a whole beat.
+            self.worker.broker.health.lost(exc)
+            await self.extend_leases()
         await self.worker.broker.aping()  # re-measures the offset to the Redis clock
         await self.register()
 
