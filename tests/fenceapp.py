@@ -69,3 +69,53 @@ async def charge_async(ctx, order_id: int, amount: int) -> None:
         ref = await step.effect(lambda: provider_charge(order_id, step.key))
         async with step.complete(engine(), result={"charge_id": ref}) as conn:
             conn.execute(update(orders).where(orders.c.id == order_id).values(charge_id=ref))
+
+
+def provider_charge_ignoring_key(order_id: int, key: str) -> str:
+    """A provider that ignores idempotency keys (charges on every call) but keeps the key as metadata."""
+    with engine().begin() as c:
+        new = c.execute(insert(charges).values(order_id=order_id, idem_key=key)).inserted_primary_key[0]
+    return f"ch_{new}"
+
+
+def find_charge(key: str, request: dict) -> str | None:
+    """The reconcile hook: look the charge up at the provider by the key it was sent with."""
+    from ringfence.fence import NOT_HAPPENED
+
+    with engine().connect() as c:
+        found = c.execute(select(charges.c.id).where(charges.c.idem_key == key)).scalar()
+    return f"ch_{found}" if found is not None else NOT_HAPPENED  # type: ignore[return-value]
+
+
+@app.task
+def charge_hooked(ctx, order_id: int, amount: int) -> None:
+    """The provider ignores keys; an in-doubt call is settled by the reconcile hook."""
+    with ctx.fence(f"{ns}:order:{order_id}", "charge", params={"amount": amount}, reconcile=find_charge) as step:
+        if step.done:
+            return
+        ref = step.effect(lambda: provider_charge_ignoring_key(order_id, step.key))
+        with step.complete(engine(), result={"charge_id": ref}) as conn:
+            conn.execute(update(orders).where(orders.c.id == order_id).values(charge_id=ref))
+
+
+class ProviderTimeout(Exception):
+    pass
+
+
+@app.task
+def charge_then_fail(ctx, order_id: int, amount: int, mode: str) -> None:
+    """Handler bugs that leave a step past capture behind: ``swallow`` catches the effect's error outside the
+    fence and returns (the job is acked, the step stays calling); ``permanent`` gives up after the effect."""
+    from ringfence.errors import Permanent
+
+    try:
+        with ctx.fence(f"{ns}:order:{order_id}", "charge", params={"amount": amount}) as step:
+            if mode == "swallow":
+                def charge_then_time_out() -> str:
+                    provider_charge(order_id, step.key)
+                    raise ProviderTimeout("read timed out after the provider committed the charge")
+                step.effect(charge_then_time_out)
+            step.effect(lambda: provider_charge(order_id, step.key))
+            raise Permanent("the order was cancelled meanwhile")
+    except ProviderTimeout:
+        return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import orjson
@@ -83,6 +84,19 @@ def test_completed_without_reference_and_stale_in_doubt(store) -> None:
     assert [r["subject"] for r in report.without_reference] == ["order:5"]
     assert [r["subject"] for r in report.stale_in_doubt] == ["order:6"]
     assert reconcile(store, "charge", None, in_doubt_older_than_s=3600).stale_in_doubt == []
+
+
+def test_owner_gone_from_a_store_alone_is_a_step_whose_fence_lease_is_over(store) -> None:
+    """Without the broker, "owner gone" is the fence's own lease (database clock): a calling step left by a
+    dead run is reported, one whose lease still runs is not, completed ones never."""
+    for subject, lease_s in (("order:1", 0.05), ("order:2", 600.0)):
+        store.capture(subject, "charge", Owner("job", "tok", lease_s), "h", None)
+        store.mark_calling(subject, "charge", 1, None, lease_s)
+    charged(store, "order:3", "ch_3")
+    time.sleep(0.2)
+    report = reconcile(store, "charge", None)
+    assert [(g["subject"], g["state"], g["owner_job_id"]) for g in report.owner_gone] == [("order:1", "calling", "job")]
+    assert report.exit_code == 1
 
 
 def test_missing_at_provider_is_informational(store) -> None:

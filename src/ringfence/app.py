@@ -130,6 +130,13 @@ class App:
                     self._fence_store = store  # published only once its tables exist
         return self._fence_store
 
+    def fence_store_in_use(self) -> Any:
+        """The SQL fence store if this app has one (configured, opened, or the default file exists), else None.
+        Never creates ``./ringfence.db``."""
+        if self._fence_store is None and not self.fence_url and not os.path.exists(_sqlite_path(DEFAULT_FENCE_URL)):
+            return None
+        return self.fence_store
+
     @property
     def redis_fence_store(self) -> Any:
         """Fences kept in Redis: for cheap effects where a lost key is acceptable, never for money."""
@@ -335,3 +342,7 @@ def load_app(path: str) -> App:
     if not isinstance(app, App):
         raise ConfigError(f"--app {path!r}: {attr!r} in {module_name!r} is not a ringfence App")
     return app
+
+
+def _sqlite_path(url: str) -> str:
+    return url.removeprefix("sqlite:///")

@@ -105,3 +105,7 @@ class FenceBusy(FenceError):
 
 class InDoubt(FenceError):
     """The effect may have happened; it cannot be replayed or reconciled automatically."""
+
+
+class SettleOnly(FenceError):
+    """A settling run (attempts used up by orphaned runs) may only settle in-doubt steps, not start an effect."""

@@ -9,6 +9,8 @@ iterable of :class:`Effect`) and reports:
   does not go through the fence);
 - ``without_reference``: fences completed (or effected) without the provider's reference;
 - ``stale_in_doubt``: in-doubt fences older than ``in_doubt_older_than_s``: a person must resolve them;
+- ``owner_gone``: steps in ``calling`` or ``effected`` whose owner job left the queue (acked, dead, deleted;
+  given only a store: whose fence lease is over): money may have moved and nothing will finish the step;
 - ``missing_at_provider`` (informational: an export may cover a shorter period than the fence table):
   fences holding a reference the provider's records do not contain.
 
@@ -58,11 +60,13 @@ class ReconcileReport:
     unfenced: list[dict[str, Any]] = field(default_factory=list)
     without_reference: list[dict[str, Any]] = field(default_factory=list)
     stale_in_doubt: list[dict[str, Any]] = field(default_factory=list)
+    owner_gone: list[dict[str, Any]] = field(default_factory=list)
     missing_at_provider: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
-        return int(bool(self.double_effects or self.unfenced or self.without_reference or self.stale_in_doubt))
+        return int(bool(self.double_effects or self.unfenced or self.without_reference or self.stale_in_doubt
+                        or self.owner_gone))
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "exit_code": self.exit_code}
@@ -78,6 +82,7 @@ def reconcile(app_or_store: Any, step: str, effects: Iterable[Effect] | None, *,
     rows = {r.subject: r for r in step_rows(store, step)}
     report = ReconcileReport(step, fences=len(rows))
     _check_rows(report, rows, store.db_now(), in_doubt_older_than_s)
+    report.owner_gone = owner_gone(app_or_store, [r for r in rows.values() if r.state in PAST_CAPTURE])
     if effects is not None:
         _check_effects(report, rows, list(effects))
     return report
@@ -93,6 +98,34 @@ def _check_rows(report: ReconcileReport, rows: dict[str, FenceRow], now: datetim
             if age >= older_s:
                 report.stale_in_doubt.append({"subject": row.subject, "age_s": round(age, 1),
                                               "provider_key": row.provider_key, "request": row.request})
+
+
+PAST_CAPTURE = (FenceState.CALLING, FenceState.EFFECTED)
+
+
+def owner_gone(app_or_store: Any, rows: Iterable[FenceRow]) -> list[dict[str, Any]]:
+    """Of ``rows`` (``calling``/``effected``), those whose owner left the queue, re-read to be sure.
+
+    With an App, the owner is gone when its job id is in no queue of the namespace (acked, dead, deleted);
+    with a store alone, when the fence's own lease is over. A row with no owner was resolved by hand and
+    waits for its job's replay.
+    """
+    store = getattr(app_or_store, "fence_store", app_or_store)
+    broker = getattr(app_or_store, "broker", None)
+    rows = list(rows)
+    if broker is not None:
+        queued = broker.queued_ids(r.owner_job_id for r in rows if r.owner_job_id)
+        suspects = [r for r in rows if r.owner_job_id not in queued]
+    else:
+        suspects = [r for r in rows if not r.lease_live]
+    out = []
+    for r in suspects:
+        # A job is acked only after its step completed: a re-read after the queue check tells a race apart.
+        now = store.get(r.subject, r.step)
+        if now is not None and (now.state, now.epoch) == (r.state, r.epoch):
+            out.append({"subject": r.subject, "step": r.step, "state": str(r.state), "epoch": r.epoch,
+                        "owner_job_id": r.owner_job_id, "provider_key": r.provider_key, "reference": r.reference})
+    return out
 
 
 def _check_effects(report: ReconcileReport, rows: dict[str, FenceRow], effects: list[Effect]) -> None:

@@ -172,6 +172,7 @@ class JobContext:
     cancelled: threading.Event = field(default_factory=threading.Event)
     fencing: Any = None  # the worker's fence wiring; None outside a worker
     fence_key: str | None = None  # the latest fence opened ("subject/step"), stamped on log lines
+    settling: bool = False  # attempts used up by orphaned runs: only steps in doubt may be settled
 
     def fence(self, subject: str, step: str, **options: Any) -> Any:
         """A fence on (business id, step) in the SQL store: ``with``/``async with ctx.fence(...) as step``.

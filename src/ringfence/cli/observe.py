@@ -156,7 +156,8 @@ def reconcile_cmd(app: App, step: str, in_doubt_older_than_min: float, as_json: 
     else:
         click.echo(f"reconcile {step}: {report.fences} fence row(s), "
                    f"{report.effects if effects is not None else 'no'} effect(s)")
-        for name in ("double_effects", "unfenced", "without_reference", "stale_in_doubt", "missing_at_provider"):
+        for name in ("double_effects", "unfenced", "without_reference", "stale_in_doubt", "owner_gone",
+                     "missing_at_provider"):
             items = getattr(report, name)
             click.echo(f"  {name}: {len(items)}")
             for item in items[:20]:

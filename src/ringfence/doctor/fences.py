@@ -41,6 +41,30 @@ def in_doubt(ctx: Context) -> Iterator[Finding]:
         numbers={"in_doubt": len(old), "oldest_s": round(ages[0], 1)})
 
 
+@check("owner_gone", "no step past capture is left by a gone job")
+def owner_gone(ctx: Context) -> Iterator[Finding]:
+    store = _store(ctx)
+    if store is None:
+        yield Finding("owner_gone", Status.SKIPPED, symptom="no fence database configured (fence_url)")
+        return
+    from ringfence.reconcile import PAST_CAPTURE, owner_gone
+
+    rows = [r for state in PAST_CAPTURE for r in store.list(state=state, limit=1000)]  # type: ignore[attr-defined]
+    gone = owner_gone(ctx.app, rows)
+    if not gone:
+        return
+    sample = ", ".join(f"{g['subject']}/{g['step']} ({g['state']}, job {g['owner_job_id']})" for g in gone[:5])
+    yield Finding(
+        "owner_gone", Status.FAILURE, subject="fences",
+        symptom=f"{len(gone)} step(s) past capture whose job left the queue: {sample}",
+        hypothesis="the job was acked, dead-lettered or deleted after its effect left (a handler that swallowed "
+                   "the step's error, a crash while dead-lettering, or a dead job deleted): the effect may have "
+                   "happened and nothing will finish the step",
+        remedy="calling: look the effect up at the provider by its provider_key and `ringfence fence resolve`; "
+               "effected: replay the job (`ringfence dead replay ID`) so it completes with the stored reference",
+        numbers={"owner_gone": len(gone), "steps": gone[:20]})
+
+
 @check("effects", "fence rows match the provider's effects", cheap=False)
 def effects(ctx: Context) -> Iterator[Finding]:
     if ctx.effects is None or ctx.step is None or _store(ctx) is None:

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
-from ..errors import FenceBusy, FenceConflict, FenceError, InDoubt, RetryLater
+from ..errors import FenceBusy, FenceConflict, FenceError, InDoubt, RetryLater, SettleOnly
 from ..faults import fault_point
 from .model import FenceBackend, FenceRow, FenceState, Owner, dumps, params_hash, provider_key
 
@@ -166,6 +166,9 @@ class Core:
             return row.reference
         if self.done:
             raise FenceError(f"{self._where()} completed on an earlier run without a reference")
+        if self.owner.settle_only and not self.replay:
+            raise SettleOnly(f"{self._where()}: job {self.owner.job_id!r} is on its settling run (its attempts "
+                             "were used up by orphaned runs): steps in doubt are settled, no new effect starts")
         if self.replay:  # same key, stored request: the provider answers with the first result
             self.store.renew(self.subject, self.step, row.epoch, self.owner.lease_s)
             return None

@@ -36,7 +36,8 @@ class Owner:
 
     ``(job_id, token)`` identifies one attempt (the broker may share a token across one fetch
     batch). ``alive(job_id, token)`` asks the broker whether that attempt's lease is still live; without it the fence
-    falls back to its own ``lease_until`` (database clock), set ``lease_s`` ahead.
+    falls back to its own ``lease_until`` (database clock), set ``lease_s`` ahead. ``settle_only``: the job's
+    attempts are used up by orphaned runs; this last run may settle steps in doubt but never start an effect.
     """
 
     job_id: str
@@ -44,6 +45,7 @@ class Owner:
     lease_s: float
     alive: Callable[[str, str], bool] | None = None
     observe: Callable[[str, str], None] | None = None  # (step, outcome): captured, skipped_done, resumed
+    settle_only: bool = False  # a settling run: in-doubt rules and completion only, no new effect
 
 
 @dataclass(frozen=True)

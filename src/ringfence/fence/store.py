@@ -262,6 +262,18 @@ class FenceStore:
         return _complete.async_completion(db, stmt, self.engine.dialect,
                                           lambda: _fenced_out(subject, step, epoch, COMPLETABLE), self.retry)
 
+    # --- a job that leaves the queue -------------------------------------------------------
+
+    def owned(self, job_id: str) -> builtins.list[FenceRow]:
+        """Steps past capture (``calling``/``effected``) that job ``job_id`` owns.
+
+        Read through the state index: these two states are transient, so few rows match.
+        """
+        t = self.table
+        q = self._select().where(t.c.state.in_(_PAST_CAPTURE), t.c.owner_job_id == job_id).order_by(t.c.id)
+        with self.engine.connect() as conn:
+            return [_row(m) for m in conn.execute(q).mappings()]
+
     # --- operations by a person -------------------------------------------------------------
 
     def resolve(self, subject: str, step: str, *, happened: bool, reference: str | None = None) -> FenceRow:
@@ -294,6 +306,9 @@ class FenceStore:
             t.c.state == FenceState.COMPLETED.value, t.c.retention_s.is_not(None),
             t.c.completed_at < db_now_plus(-t.c.retention_s))
         return int(self._write("fence prune", lambda conn, _retried: conn.execute(stmt).rowcount))
+
+
+_PAST_CAPTURE = (FenceState.CALLING.value, FenceState.EFFECTED.value)
 
 
 def _fenced_out(subject: str, step: str, epoch: int, states: Sequence[FenceState] | None) -> FencedOut:

@@ -460,6 +460,20 @@ class Broker:
         raw = self.sync.hget(self.keys.queue(queue).lease, job_id)
         return _str(raw) if raw else None
 
+    def queued_ids(self, ids: Iterable[str]) -> set[str]:
+        """Which of ``ids`` are still jobs of some queue (pending, scheduled, retrying or running): not acked,
+        dead or deleted. One pipelined round trip."""
+        wanted, queues = sorted(set(ids)), self.queues()
+        if not wanted or not queues:
+            return set()
+        p = self.sync.pipeline(transaction=False)
+        for q in queues:
+            for job_id in wanted:
+                p.hexists(self.keys.queue(q).jobs, job_id)
+        found = p.execute()
+        n = len(wanted)
+        return {job_id for i, job_id in enumerate(wanted) if any(found[k * n + i] for k in range(len(queues)))}
+
     def lease_alive(self, queue: str, job_id: str, token: str) -> bool:
         """Whether attempt ``token`` of the job still holds a live lease."""
         k = self.keys.queue(queue)

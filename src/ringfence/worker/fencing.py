@@ -9,8 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ringfence.app import App
-from ringfence.fence import Fences, Owner
-from ringfence.models import DeadJob
+from ringfence.errors import FencedOut
+from ringfence.fence import FenceRow, Fences, FenceState, Owner
+from ringfence.models import DeadJob, Fetched
 from ringfence.redis.broker import Broker
 from ringfence.settings import WorkerSettings
 from ringfence.tasks import JobContext
@@ -29,7 +30,7 @@ class Fencing:
     def owner(self, ctx: JobContext) -> Owner:
         # The fence's own lease is the fallback when the broker cannot answer: it covers the job's timeout.
         return Owner(ctx.id, ctx.token, lease_s=ctx.timeout_s + self.settings.lease_s, alive=self.alive,
-                     observe=self.observe)
+                     observe=self.observe, settle_only=ctx.settling)
 
     def sql(self, ctx: JobContext) -> Fences:
         return Fences(self.app.fence_store, self.owner(ctx))
@@ -51,3 +52,62 @@ class Fencing:
         except Exception:
             log.exception("job %s: writing it to the failed_jobs table failed; it stays in Redis dead-letter",
                           dead.id)
+
+    # -- a job that leaves the queue while it owns a step past capture --------------------------------
+
+    async def settles(self, job: Fetched, refused: str, max_attempts: int) -> bool:
+        """One settling run for a job whose attempts were used up by orphaned runs while it owns a step past
+        capture: the in-doubt rules get their chance instead of the job dying blind (docs/fences.md).
+        Asked only off the happy path (a job refused at fetch)."""
+        if refused != "max_attempts" or job.attempt != max_attempts + 1:
+            return False
+        store = self.app.fence_store_in_use()
+        if store is None:
+            return False
+        try:
+            owned = await asyncio.to_thread(store.owned, job.id)
+        except Exception:
+            log.exception("job %s: reading the steps it owns failed; no settling run", job.id)
+            return False
+        if owned:
+            log.warning("job %s: attempts used up by orphaned runs while it owns %s; one settling run applies the "
+                        "in-doubt rules", job.id, ", ".join(f"{r.subject}/{r.step} ({r.state})" for r in owned))
+        return bool(owned)
+
+    async def leaving(self, job: Fetched) -> tuple[list[str], bool]:
+        """The job goes to dead-letter: its ``calling`` steps become ``in_doubt`` (with its id as owner), and
+        every step it owns past capture is named. A step held by another live attempt is left alone.
+        Returns the notes and whether a step was parked."""
+        store = self.app.fence_store_in_use()
+        if store is None:
+            return [], False
+        try:
+            return await asyncio.to_thread(self._leaving, store, job)
+        except Exception:
+            log.exception("job %s: marking the steps it owns in doubt failed; `ringfence doctor` reports them "
+                          "as owned by a gone job", job.id)
+            return [], False
+
+    def _leaving(self, store: Any, job: Fetched) -> tuple[list[str], bool]:
+        notes, parked = [], False
+        for row in store.owned(job.id):
+            if row.owner_token != job.token and row.owner_token and self.alive(job.id, row.owner_token):
+                continue
+            if row.state is FenceState.CALLING:
+                try:
+                    store.park(row.subject, row.step, row.epoch)
+                except FencedOut:
+                    continue  # settled or taken over meanwhile
+                parked = True
+            notes.append(step_note(row, job.id))
+        return notes, parked
+
+
+def step_note(row: FenceRow, job_id: str) -> str:
+    """One line for the dead-letter error: which step the dead job leaves behind, and what it means."""
+    where = f"fence {row.subject}/{row.step}"
+    if row.state is FenceState.EFFECTED:
+        return (f"{where} was effected (reference {row.reference!r}): the effect happened, its local completion "
+                f"did not; replay job {job_id} to finish it")
+    return (f"{where} was calling: the effect may have happened; now in_doubt (owner job {job_id}, provider key "
+            f"{row.provider_key})")

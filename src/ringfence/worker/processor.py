@@ -10,6 +10,7 @@ import traceback
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -176,7 +177,9 @@ class Processor:
             return await self._unreadable(job, spec, f"task {spec.task!r} is not registered in this worker",
                                           "unknown_task", dead_after_grace=True)
         refused = self._refuse(job, spec, task)
-        if refused is not None:
+        settling = refused is not None and await self.fencing.settles(
+            job, refused.reason, spec.max_attempts or task.options.retry.max_attempts)
+        if refused is not None and not settling:
             return refused
         try:
             args, kwargs = task.codec.decode(spec.version, spec.args)
@@ -188,14 +191,14 @@ class Processor:
         if wait is not None:
             return Outcome("requeue", delay_s=wait.delay_s, counter=wait.counter)
         try:
-            outcome = await self._run(r, task, spec, args, kwargs)
+            outcome = await self._run(r, task, spec, args, kwargs, settling)
         finally:
             await self.gates.release(job)
         await self.gates.record(job, task, dependency_ok(outcome))
         return outcome
 
     async def _run(self, r: Running, task: Task, spec: JobSpec, args: tuple[Any, ...],
-                   kwargs: dict[str, Any]) -> Outcome:
+                   kwargs: dict[str, Any], settling: bool = False) -> Outcome:
         job = r.job
         timeout_s = spec.timeout_ms / 1000 if spec.timeout_ms else task.options.timeout_s
         r.started = time.monotonic()
@@ -204,6 +207,7 @@ class Processor:
             id=job.id, task=task.name, queue=job.queue, attempt=job.attempt,
             max_attempts=spec.max_attempts or task.options.retry.max_attempts,
             enqueued_ms=spec.enqueued_ms, token=job.token, timeout_s=timeout_s, fencing=self.fencing,
+            settling=settling,
         )
         try:
             await self._call(task, ctx, args, kwargs, timeout_s)
@@ -300,10 +304,18 @@ class Processor:
             await b.arun(b.retry(job.queue, job.id, job.token, b.clock() + int(o.delay_s * 1000), entry))
             return
         task_name = job.spec.task if job.spec is not None else "?"
+        o = await self._leaving(job, o)
         fields = {"reason": o.reason, "error": o.error, "traceback": o.tb, "task": task_name, "queue": job.queue}
         self._log(r).error("job %s (%s) -> dead-letter [%s]: %s", job.id, task_name, o.reason, o.error)
         if await b.arun(b.dead(job.queue, job.id, job.token, entry, fields)):
             await self._dead_hooks(job, o, task_name)
+
+    async def _leaving(self, job: Fetched, o: Outcome) -> Outcome:
+        """Name the steps a dead job leaves behind; a ``calling`` one is now in doubt, and so is the job."""
+        notes, parked = await self.fencing.leaving(job)
+        if not notes:
+            return o
+        return replace(o, reason="in_doubt" if parked else o.reason, error="; ".join([o.error, *notes]))
 
     @staticmethod
     def _log(r: Running) -> JobLogger:
