@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench chaos clean
+.PHONY: setup demo test lint bench bench-peers chaos clean
 
 $(BIN)/ringfence: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -32,5 +32,10 @@ bench: setup
 chaos: setup
 	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
 
+# ringfence beside other Redis job queues; every library (and the harness) gets its own venv under
+# bench/peers/.venvs on the first run. E.g. make bench-peers BENCH_ARGS="--quick --only rq,ringfence"
+bench-peers:
+	$(PY) -m bench.peers $(BENCH_ARGS)
+
 clean:
-	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) bench/peers/.venvs build dist .pytest_cache .mypy_cache .ruff_cache
