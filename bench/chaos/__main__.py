@@ -88,15 +88,16 @@ def render(r: dict[str, Any], console: Console) -> None:
                   f"other exits {w['other_exits'] or 'none'}")
     console.print(f"jobs: {jobs['acked_as_duplicate']} acked as duplicates; dead by reason {r['dead_reasons']}; "
                   f"reconcile hook: {r['reconcile_lookups']['calls']} lookups, "
-                  f"{r['reconcile_lookups']['adopted']} adopted; enqueue batches refused and resent: "
-                  f"{r['enqueue']['batches_refused']}")
+                  f"{r['reconcile_lookups']['adopted']} adopted; enqueue batches resent after RedisFull: "
+                  f"{r['enqueue']['batches_refused_full']}, after other Redis errors: {r['enqueue']['batches_failed']}")
     for note in [*r["notes"], *r["injection_errors"]]:
         console.print(f"note: {note}")
     bad = {k: v for k, v in r["samples"].items() if v}
     if bad:
         console.print(f"samples: {bad}")
     verdict = "[green]all checks pass[/]" if r["ok"] else "[red]some checks FAIL[/]"
-    console.print(f"{verdict}; drained in {r['drained_s']}s; wall time {r['seconds']}s")
+    drained = "not drained" if r["drained_s"] is None else f"drained in {r['drained_s']}s"
+    console.print(f"{verdict}; {drained}; wall time {r['seconds']}s")
 
 
 def main(argv: list[str] | None = None) -> int:

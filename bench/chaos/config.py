@@ -34,8 +34,8 @@ class ChaosConfig:
     chaos_seconds: float | None = None  # faults stop after this (default: 60 % of max_seconds), then drain
     faults: frozenset[str] = field(default_factory=lambda: frozenset(KINDS))
     seed: int | None = None
-    batch: int = 500               # jobs per enqueue round trip
-    backlog: int = 4000            # enqueue more only while fewer jobs than this wait or run
+    batch: int = 100               # jobs per enqueue round trip
+    backlog: int = 300             # enqueue more only while fewer jobs than this wait or run (enqueue meets the faults)
     lease_s: float = 3.0
     effect_timeout_s: float = 2.0  # the provider client's timeout; a hang lasts this + 1 s
     max_attempts: int = 25

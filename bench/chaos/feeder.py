@@ -15,6 +15,7 @@ import redis
 
 from bench.chaos.app import QUEUE, RETRY
 from ringfence.app import App
+from ringfence.errors import RedisFull
 from ringfence.tasks import enqueue_options
 
 DOOMED_ATTEMPTS = 3  # a doomed order dies on every attempt: a few attempts are enough to orphan it for good
@@ -29,7 +30,8 @@ class Feeder:
         self.dups: list[int] = []        # orders whose second copy goes out with the next batch
         self.pending: list[tuple[str, int, bool, bool]] | None = None  # a batch not yet accepted by Redis
         self.enqueued_jobs = 0
-        self.refused = 0                 # batches refused (OOM, Redis down), sent again later
+        self.refused = 0                 # batches that failed (Redis down, restarting), sent again later
+        self.refused_full = 0            # batches refused with RedisFull (maxmemory), sent again later
         self.tasks = {p: app.registry.tasks[f"chaos.charge_{p}"] for p in ("a", "b")}
         ledger.execute("CREATE TABLE IF NOT EXISTS jobs (job_id TEXT PRIMARY KEY, order_id INTEGER NOT NULL, "
                        "dup INTEGER NOT NULL, doomed INTEGER NOT NULL, sent INTEGER NOT NULL DEFAULT 0)")
@@ -67,6 +69,9 @@ class Feeder:
             self.pending = self._next_batch()
         try:
             self._send(self.pending)
+        except RedisFull:
+            self.refused_full += 1
+            return
         except redis.RedisError:
             self.refused += 1
             return

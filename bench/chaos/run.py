@@ -156,7 +156,8 @@ class ChaosRun:
             "sigterm_stops": len(w.exits.term_seconds), "hung": w.exits.hung,
             "max_exit_s": round(max(w.exits.term_seconds, default=0.0), 2),
             "other_exits": {str(k): v for k, v in w.exits.other.items()}}
-        result["enqueue"] = {"jobs": feeder.enqueued_jobs, "batches_refused": feeder.refused}
+        result["enqueue"] = {"jobs": feeder.enqueued_jobs, "batches_failed": feeder.refused,
+                            "batches_refused_full": feeder.refused_full}
         result["injection_errors"] = chaos.errors
         result["notes"] = self.notes
         result["drained_s"] = None if self.drained_s is None else round(self.drained_s, 1)
@@ -211,6 +212,8 @@ def checks(result: dict[str, Any], cfg: ChaosConfig) -> list[dict[str, Any]]:
         ("no worker crashed (every exit asked for: signals, fault points, exit 75 for a restart)",
          not crashes, f"unexpected exit codes {crashes or 'none'}; {restarts} exit(s) 75 (replace me)"),
         ("drained within --max-seconds",
-         result["drained_s"] is not None, f"{result['drained_s']}s of {cfg.max_seconds:g}s"),
+         result["drained_s"] is not None and t["orders"] == cfg.orders,
+         f"{'not drained' if result['drained_s'] is None else str(result['drained_s']) + 's'} of "
+         f"{cfg.max_seconds:g}s; {t['orders']} of {cfg.orders} orders enqueued"),
     ]
     return [{"check": name, "ok": bool(ok), "detail": detail} for name, ok, detail in out]
