@@ -21,8 +21,8 @@ def killed_after_effect(spawn_worker, fence_url) -> None:  # noqa: F811
 
 
 def dead_record(mod, job: str) -> dict:
-    [(_, rec)] = mod.app.broker.dead_records("default", [job])
-    return rec
+    [(_, raw)] = mod.app.broker.dead_records("default", [job])
+    return dict(orjson.loads(raw))
 
 
 def cli_json(mod, fence_url: str, *args: str) -> tuple[int, dict]:  # noqa: F811
