@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 from datetime import datetime
 from pathlib import Path
@@ -139,3 +141,38 @@ async def test_a_worker_gives_up_on_a_redis_that_never_answers_with_one_line() -
         await Worker(app, alerts=False).run()
     assert time.monotonic() - t0 < 5
     assert "did not answer within 1s" in str(failed.value) and "\n" not in str(failed.value)
+
+
+def test_a_hung_redis_is_noticed_within_the_socket_timeout_and_leases_hold_after_it(tmp_path: Path) -> None:
+    """Redis SIGSTOPped for 4 s (connections stay open and unanswered) under a 10 s job with a 6 s lease."""
+    server = EmbeddedRedis.temporary(port=free_port())
+    assert server.process is not None
+    app = App(server.url, NS, environment="test")
+    task = slow_task(app)
+    worker = FaultWorker(server.url, NS, tmp_path, "a", name="w",
+                         env={"FAULT_LEASE_S": "6", "FAULT_HEARTBEAT_S": "1"})  # socket timeout: 2 s
+    try:
+        job = task.enqueue(seconds=10.0)
+        wait_until(lambda: runs(tmp_path)[job] == 1, 20)
+        before = len(worker.lines())
+        stopped_at = time.time()
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            time.sleep(4.0)
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        wait_until(lambda: runs(tmp_path, "finished")[job] == 1, 20)
+        k = app.broker.keys.queue("a")
+        wait_until(lambda: not app.broker.sync.hlen(k.jobs), 10)
+        stats = app.broker.sync.hgetall(k.stats)
+        lines = worker.lines()[before:]
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        worker.stop()
+        app.close()
+        server.stop()
+    assert runs(tmp_path) == {job: 1}
+    assert b"orphaned" not in stats and stats[b"processed"] == b"1"
+    noticed = [logged_at(x) for x in lines if "is unreachable" in x and "Timeout" in x]
+    assert noticed and noticed[0] - stopped_at < 1.0 + 2.0 + 1.0, lines  # a heartbeat + the socket timeout
+    assert len([x for x in lines if "answers again" in x]) == 1 and len(lines) <= 4, "\n".join(lines)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 
 import pytest
 import redis
+from redis.crc import key_slot
 
 from redisfaults import FaultWorker, runs
 from ringfence import App
@@ -151,3 +153,22 @@ async def test_scripts_run_on_the_embedded_redis_6_2_without_shebang_and_without
         await b.aclose()
         b.close()
         server.stop()
+
+
+def test_every_script_declares_keys_of_one_slot_except_the_registry() -> None:
+    """Redis 7 refuses a flagged script's undeclared or cross-slot keys on Cluster; the server registry
+    (servers, server_info, queues) is the one exception, left for Cluster support to tag."""
+    b = Broker("redis://127.0.0.1:1/0", NS, clock=lambda: 1000)
+    calls = [
+        b.enqueue("q", [("j", b"{}", 0)]), b.cron("q", "p", [(1, "j", b"{}")]), b.fetch("q", 1, 2, "t"),
+        b.extend("q", [("j", "t", 2)]), b.ack("q", [("j", "t")]), b.retry("q", "j", "t", 2, {}),
+        b.requeue("q", "j", "t", 2, "c"), b.dead("q", "j", "t", {}, {}), b.recover("q"), b.promote("q"),
+        b.replay("q", ["j"]), b.delete_dead("q", ["j"]), b.breaker_allow("d", 1, 1),
+        b.breaker_record("d", True, 1, 1, 1, "f"), b.acquire_slot("task", "t", 1, "j", 2),
+        b.extend_slots("task", "t", [("j", 2)]), b.spec_heads("q"),
+    ]
+    for call in calls:
+        assert len({key_slot(k.encode()) for k in call.keys}) == 1, call.name
+    covered = {c.name for c in calls} | {"claim_environment", "heartbeat_server"}
+    lua = resources.files("ringfence.redis").joinpath("lua")
+    assert covered == {p.name.removesuffix(".lua") for p in lua.iterdir() if p.name.endswith(".lua")}

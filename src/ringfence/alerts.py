@@ -102,7 +102,7 @@ class AlertEvaluator:
     def _open(self, firing: dict[str, Finding]) -> list[AlertEvent]:
         events = []
         for key, f in firing.items():
-            record = {"since": int(time.time() * 1000), "message": f.symptom, "status": str(f.status)}
+            record = {"since": self.app.broker.clock(), "message": f.symptom, "status": str(f.status)}
             if observe.open_incident(self.app.broker, key, record):
                 events.append(AlertEvent(f.check, "firing", key, f.symptom, {
                     "status": "firing", "key": key, "severity": str(f.status), "subject": f.subject,
@@ -119,7 +119,7 @@ class AlertEvaluator:
             record = observe.close_incident(self.app.broker, key)
             if record is None:
                 continue
-            lasted = time.time() - record["since"] / 1000
+            lasted = (self.app.broker.clock() - record["since"]) / 1000
             events.append(AlertEvent(check, "resolved", key, f"resolved after {lasted:.0f}s: {record['message']}", {
                 "status": "resolved", "key": key, "namespace": self.app.namespace, "since_ms": record["since"],
                 "duration_s": round(lasted, 1)}))

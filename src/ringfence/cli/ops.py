@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import click
@@ -60,7 +59,7 @@ def servers(app: App, as_json: bool) -> None:
     if as_json:
         print_json(rows)
         return
-    now = time.time()
+    now = app.broker.clock() / 1000  # servers report their times on the Redis clock
     view = [
         {**s, "queues": ",".join(f"{q}={w}" for q, w in s["queues"].items()),
          "running": len(s["running"]), "up_s": int(now - s["started"]), "beat_s": round(now - s["heartbeat"], 1)}

@@ -3,7 +3,6 @@ timeouts vs leases, the Redis eviction policy and its memory."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,7 +42,8 @@ def environment(ctx: Context) -> Iterator[Finding]:
 @check("error_wave", "no burst of unreadable payloads after a worker start")
 def error_wave(ctx: Context) -> Iterator[Finding]:
     t = ctx.thresholds
-    cutoff_ms = int((time.time() - t.wave_window_s) * 1000)
+    now_s = ctx.broker.clock() / 1000  # died_ms and servers' start times are on the Redis clock
+    cutoff_ms = int((now_s - t.wave_window_s) * 1000)
     for name in ctx.after.queues:
         bad = _recent_dead(ctx, name, cutoff_ms, {"bad_payload"})
         newer = ctx.delta(name, "newer_version") + ctx.delta(name, "unknown_task")
@@ -52,7 +52,7 @@ def error_wave(ctx: Context) -> Iterator[Finding]:
         first = min(bad, default=None)
         starts = sorted(s["started"] for s in ctx.after.servers
                         if s.get("started") and (first is None or s["started"] * 1000 <= first + 1000))
-        after_start = f"; the latest server start was {time.time() - starts[-1]:.0f}s ago" if starts else ""
+        after_start = f"; the latest server start was {now_s - starts[-1]:.0f}s ago" if starts else ""
         yield Finding(
             "error_wave", Status.WARNING, subject=name,
             symptom=(f"queue {name}: {len(bad)} job(s) dead with bad_payload in the last {t.wave_window_s:g}s, "

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +26,7 @@ class Heartbeat(Loop):
     def __init__(self, worker: Worker) -> None:
         super().__init__(worker.settings.heartbeat_s)
         self.worker = worker
-        self.started = time.time()
+        self.started = worker.broker.clock() / 1000  # Redis clock, like every time other processes compare
         self.registry_failing = False
 
     def info(self) -> dict[str, Any]:
@@ -42,7 +41,7 @@ class Heartbeat(Loop):
             "namespace": w.app.namespace,
             "environment": w.app.environment,
             "started": self.started,
-            "heartbeat": time.time(),
+            "heartbeat": w.broker.clock() / 1000,
             "clock_skew_s": round(w.broker.server_clock.skew_ms / 1000, 3),
             "running": sorted(w.processor.running),
             "processed": w.processor.processed,
