@@ -3,18 +3,21 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
+from typing import NamedTuple
 
 import orjson
 import pytest
 import redis
 
 from ringfence import App
+from ringfence.inspect import find_dead
 from support import ROOT, wait_until
 
 pytestmark = pytest.mark.slow
@@ -35,6 +38,30 @@ def producer(redis_url: str, namespace: str) -> tuple[App, object]:
 
 def records(rdb: redis.Redis, namespace: str, kind: str) -> list[list[str]]:
     return [x.decode().split() for x in rdb.lrange(f"{namespace}:test:{kind}", 0, -1)]
+
+
+class Span(NamedTuple):
+    start: float
+    end: float  # the run's last sign of life (its true end when done)
+    done: bool  # the handler returned (else its process died while it ran)
+    attempt: int
+    pid: int
+
+
+def spans(rdb: redis.Redis, namespace: str) -> list[Span]:
+    """The runs recorded by workerapp.span, by start time."""
+    out = []
+    for run, value in rdb.hgetall(f"{namespace}:test:spans").items():
+        _job, attempt, pid = run.decode().split()
+        start, end, *done = value.decode().split()
+        out.append(Span(float(start), float(end), bool(done), int(attempt), int(pid)))
+    return sorted(out)
+
+
+def assert_one_run_at_a_time(runs: list[Span]) -> None:
+    for a, b in itertools.pairwise(runs):
+        # A run whose process died ended within one 20 ms beat after its last sign of life.
+        assert b.start > a.end + (0 if a.done else 0.1), f"run {b} started while {a} still ran"
 
 
 def test_sigkill_mid_job_is_redelivered_and_runs_to_the_end(redis_url, namespace, rdb, spawn_worker) -> None:
@@ -69,19 +96,29 @@ def test_sigterm_lets_a_short_job_finish(redis_url, namespace, rdb, spawn_worker
     assert counts["stats"]["processed"] == 1 and counts["pending"] == counts["active"] == 0
 
 
-def test_sigterm_returns_a_long_job_without_burning_an_attempt(redis_url, namespace, rdb, spawn_worker) -> None:
+def test_sigterm_keeps_a_sync_job_leased_until_its_thread_dies_with_the_process(
+    redis_url, namespace, rdb, spawn_worker
+) -> None:
+    """A sync handler still running past shutdown_timeout_s is not requeued while it runs: the job stays
+    leased, the process exits, the lease lapses and another worker runs it after the first run is gone."""
     app, m = producer(redis_url, namespace)
-    job = m.slow_sync.enqueue(seconds=30)
-    w = spawn_worker(env={"TEST_SHUTDOWN_S": "1"})
-    wait_until(lambda: records(rdb, namespace, "started"))
+    job = m.lingers.enqueue(first_s=30, then_s=0.1)
+    first = spawn_worker(env={"TEST_SHUTDOWN_S": "1"})
+    wait_until(lambda: spans(rdb, namespace))
+    second = spawn_worker()  # idle: it would take the job the moment it were free
+    wait_until(lambda: len(app.broker.servers()) == 2)
     t0 = time.monotonic()
-    w.signal(signal.SIGTERM)
-    w.wait(15)
+    first.signal(signal.SIGTERM)
+    assert first.wait(15) == 0
     assert time.monotonic() - t0 < 6
     k = app.broker.keys.queue("default")
-    assert rdb.lrange(k.pending, 0, -1) == [job.encode()]
-    assert app.broker.attempts("default", job) == 0 and rdb.zcard(k.active) == 0
-    assert not records(rdb, namespace, "finished")
+    assert rdb.zscore(k.active, job) is not None and rdb.llen(k.pending) == 0  # still leased, not requeued
+    runs = wait_until(lambda: len(spans(rdb, namespace)) == 2 and spans(rdb, namespace)[1].done
+                      and spans(rdb, namespace), timeout=20)
+    assert_one_run_at_a_time(runs)
+    assert [(r.attempt, r.pid) for r in runs] == [(1, first.pid), (2, second.pid)]
+    wait_until(lambda: app.broker.queue_counts("default")["stats"].get("processed") == 1)
+    assert app.broker.queue_counts("default")["stats"]["orphaned"] == 1  # the lapsed lease counted the attempt
 
 
 def test_two_workers_never_run_one_job_at_once_and_bulk_runs_exactly_once(
@@ -104,13 +141,44 @@ def test_two_workers_never_run_one_job_at_once_and_bulk_runs_exactly_once(
 def test_sync_job_past_its_timeout_stops_the_worker_process(redis_url, namespace, rdb, spawn_worker) -> None:
     app, m = producer(redis_url, namespace)
     job = m.hangs.enqueue(seconds=30)
-    w = spawn_worker()
+    w = spawn_worker(env={"TEST_SHUTDOWN_S": "1"})
     code = w.wait(20)
     assert code == 75
     assert "exceeded its timeout" in w.output()
-    retry = app.broker.sync.zrange(app.broker.keys.queue("default").retry, 0, -1)
-    assert retry == [job.encode()]
-    assert "timed out after 0.5s" in app.broker.history("default", job)[0]["error"]
+    k = app.broker.keys.queue("default")
+    # Its thread died with the process: the job is still leased (no retry while it ran); the lease brings it back.
+    assert rdb.zscore(k.active, job) is not None and rdb.zcard(k.retry) == 0
+    assert app.broker.attempts("default", job) == 1
+
+
+@pytest.mark.parametrize(("seconds", "shutdown_s"), [(1.2, "3"), (30, "1")],
+                         ids=["thread-returns-while-draining", "thread-outlives-the-process"])
+def test_a_sync_job_past_its_timeout_never_runs_twice_at_once(
+    redis_url, namespace, rdb, spawn_worker, seconds: float, shutdown_s: str
+) -> None:
+    """Each run overruns its 0.5 s timeout; its worker exits 75 and the supervisor replaces it. The job's
+    next run starts only after the previous thread has returned or died with its process."""
+    app, m = producer(redis_url, namespace)
+    job = m.overruns.enqueue(seconds=seconds)
+    sup = spawn_worker("-p", "2", env={"TEST_SHUTDOWN_S": shutdown_s})
+    dead = wait_until(lambda: find_dead(app.broker, job), timeout=60)
+    runs = spans(rdb, namespace)
+    assert [r.attempt for r in runs] == [1, 2, 3]
+    assert_one_run_at_a_time(runs)
+    assert all(r.done for r in runs) == (seconds < 3)
+    ran_in = {r.pid for r in runs}
+    assert len(ran_in) == 3  # every process that ran it exited...
+    wait_until(lambda: len(app.broker.servers()) == 2 and not ran_in & {s["pid"] for s in app.broker.servers()},
+               timeout=20)  # ...and was replaced
+    assert dead.reason == "max_attempts"
+    errors = [h["error"] for h in dead.history]
+    if seconds < 3:  # settled when the thread returned
+        assert errors == ["TimeoutError: timed out after 0.5s"] * 3
+    else:  # the lease lapsed after the process exited
+        assert [h.get("orphaned") for h in dead.history[:3]] == [True] * 3
+        assert "earlier attempts were orphaned" in dead.error
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(20) == 0
 
 
 def test_worker_on_another_environment_refuses_to_start(redis_url, namespace, spawn_worker) -> None:

@@ -280,3 +280,66 @@ async def test_dead_letter_retention_is_explicit(make_app) -> None:
 
     keep.worker_settings = dataclasses.replace(keep.worker_settings, dead_retention_s=0.5)
     await run_until(keep, lambda: queue_info(keep.broker, "default")["dead"] == 0, timeout=10)
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+async def test_a_lost_sync_run_keeps_its_slot_until_its_thread_returns(make_app, concurrency: int) -> None:
+    """Another attempt takes the lease of a sync job whose thread cannot be stopped. The old thread keeps its
+    slot: a later job does not wait in the pool behind it (its timeout would run meanwhile), and the job's
+    next run in this process starts only once the old thread has returned."""
+    import threading
+
+    app = make_app()
+    spans: dict[tuple[str, int], list[float]] = {}
+    started = threading.Event()
+
+    @app.task
+    def long(ctx) -> None:
+        spans[("long", ctx.attempt)] = [time.monotonic()]
+        started.set()
+        time.sleep(3.5 if ctx.attempt == 1 else 0.1)  # ignores ctx.cancelled, as a blocking call would
+        spans[("long", ctx.attempt)].append(time.monotonic())
+
+    @app.task(timeout_s=0.5)
+    def short(ctx) -> None:
+        spans[("short", ctx.attempt)] = [time.monotonic()]
+        time.sleep(0.2)
+        spans[("short", ctx.attempt)].append(time.monotonic())
+
+    job = long.enqueue()
+    worker = Worker(app, concurrency=concurrency)
+    runner = asyncio.create_task(worker.run())
+    try:
+        await asyncio.to_thread(started.wait, 10)
+        k = app.broker.keys.queue("default")
+        app.broker.sync.hset(k.lease, job, "another-attempt")  # what a recovery by another worker leaves
+        short.enqueue()
+        deadline = time.monotonic() + 20
+        while queue_info(app.broker, "default")["processed"] < 2:
+            assert time.monotonic() < deadline and not runner.done()
+            await asyncio.sleep(0.05)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(runner, 15)
+    assert worker.exit_code == 0  # no spurious restart
+    first, second, quick = spans[("long", 1)], spans[("long", 2)], spans[("short", 1)]
+    assert second[0] >= first[1]  # one run of the job at a time in this process
+    if concurrency == 1:
+        assert quick[0] >= first[1]  # not fetched while the lost thread held the only slot
+    assert app.broker.history("default", job) == []  # acked once, by the second run
+    stats = app.broker.queue_counts("default")["stats"]
+    assert stats["processed"] == 2 and stats.get("failed", 0) == 0 and stats["orphaned"] == 1
+
+
+async def test_a_timeout_error_raised_by_a_sync_handler_is_its_own_failure(make_app) -> None:
+    app = make_app()
+
+    @app.task(timeout_s=5, max_attempts=1)
+    def calls_out(ctx) -> None:
+        raise TimeoutError("read timed out talking to the bank")
+
+    calls_out.enqueue()
+    worker = await run_until(app, lambda: queue_info(app.broker, "default")["dead"] == 1)
+    assert worker.exit_code == 0  # the job's time bound did not expire: no restart
+    [d] = dead_jobs(app.broker, DeadFilter())
+    assert "read timed out talking to the bank" in d.error and "Traceback" in d.traceback

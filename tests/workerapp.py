@@ -54,6 +54,27 @@ def hangs(ctx, seconds: float) -> None:
     time.sleep(seconds)
 
 
+def span(ctx, seconds: float) -> None:
+    """Busy for ``seconds`` ignoring ``ctx.cancelled`` (as a blocking call would); keeps "start last-seen"
+    of this run in a hash every 20 ms, and "start end done" once it returns, so overlapping runs show."""
+    key, run = f"{ns}:test:spans", f"{ctx.id} {ctx.attempt} {os.getpid()}"
+    start = time.time()
+    while (now := time.time()) - start < seconds:
+        r.hset(key, run, f"{start} {now}")
+        time.sleep(0.02)
+    r.hset(key, run, f"{start} {time.time()} done")
+
+
+@app.task(timeout_s=0.5)
+def overruns(ctx, seconds: float) -> None:
+    span(ctx, seconds)
+
+
+@app.task
+def lingers(ctx, first_s: float, then_s: float) -> None:
+    span(ctx, first_s if ctx.attempt == 1 else then_s)
+
+
 @app.task
 async def interval(ctx, seconds: float) -> None:
     """Records [start, end] so a test can check two runs of one job never overlap."""

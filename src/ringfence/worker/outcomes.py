@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from ringfence.errors import FenceBusy, FenceConflict, FencedOut, InDoubt, PayloadError, Permanent, RetryLater
 from ringfence.models import Fetched
@@ -17,13 +18,15 @@ class Running:
     ctx: JobContext | None = None
     task: asyncio.Task[None] | None = None
     lost: bool = False       # the lease went to another attempt: record nothing
-    settled: bool = False    # an outcome was recorded (a sync thread may still be running)
+    settled: bool = False    # an outcome was recorded (a sync handler's thread has returned by then)
     started: float = 0.0     # monotonic time the handler started (0: it never did)
+    thread: asyncio.Future[Any] | None = None  # a sync handler's run in the pool
+    abandoned: bool = False  # shutdown left its thread running: the lease lapses, nothing is recorded
 
 
 @dataclass
 class Outcome:
-    kind: str                # ack | retry | dead | requeue | lost
+    kind: str                # ack | retry | dead | requeue | lost | abandoned
     reason: str = ""
     error: str = ""
     tb: str = ""

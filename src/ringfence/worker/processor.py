@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 import traceback
@@ -25,6 +24,7 @@ from ringfence.redis.connection import UNAVAILABLE
 from ringfence.redis.waker import Waker
 from ringfence.settings import WorkerSettings
 from ringfence.tasks import JobContext, Task
+from ringfence.worker.calls import JobTimeout, call_async, call_sync
 from ringfence.worker.fencing import Fencing
 from ringfence.worker.gates import Gates
 from ringfence.worker.outcomes import Outcome, Running, classify, dependency_ok, fence_outcome, weighted_order
@@ -46,6 +46,7 @@ class Processor:
         self.server_id = server_id
         self.on_restart_required = on_restart_required
         self.running: dict[str, Running] = {}
+        self.leftover: dict[str, Running] = {}  # lost sync jobs whose thread still runs: they keep their slot
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="ringfence-job")
         self.waker = Waker(broker, server_id, [q for q, _ in queues])
         self.stopping = asyncio.Event()
@@ -87,7 +88,7 @@ class Processor:
                 await self.waker.restart()
 
     async def _cycle(self) -> None:
-        free = self.concurrency - len(self.running)
+        free = self.concurrency - len(self.running) - len(self.leftover)
         if free <= 0:
             self._slot.clear()
             await self._until(self._slot.wait())
@@ -156,13 +157,15 @@ class Processor:
     async def _execute(self, r: Running) -> None:
         try:
             outcome = await self._outcome(r)
-            if not r.settled and not r.lost:
+            if not r.settled and not r.lost and outcome.kind not in ("lost", "abandoned"):
                 await self._record(r, outcome)
         except Exception:
             self._log(r).exception("job %s: recording its outcome failed; its lease will expire and it runs again",
                                    r.job.id)
         finally:
-            self.running.pop(r.job.id, None)
+            for table in (self.running, self.leftover):
+                if table.get(r.job.id) is r:
+                    del table[r.job.id]
             self._slot.set()
 
     async def _outcome(self, r: Running) -> Outcome:
@@ -193,7 +196,8 @@ class Processor:
         try:
             outcome = await self._run(r, task, spec, args, kwargs, settling)
         finally:
-            await self.gates.release(job)
+            if not r.abandoned:  # an abandoned thread keeps its slots until their leases lapse
+                await self.gates.release(job)
         await self.gates.record(job, task, dependency_ok(outcome))
         return outcome
 
@@ -210,15 +214,17 @@ class Processor:
             settling=settling,
         )
         try:
-            await self._call(task, ctx, args, kwargs, timeout_s)
+            await self._call(r, task, ctx, args, kwargs, timeout_s)
         except asyncio.CancelledError:
             if r.lost:
                 return Outcome("lost")
+            if r.abandoned:
+                return Outcome("abandoned")
             if self.shutting_down:
                 return Outcome("requeue", counter="requeued_on_shutdown")
             raise
-        except TimeoutError:
-            return self._failure(task, ctx, TimeoutError(f"timed out after {timeout_s:g}s"), "")
+        except JobTimeout as exc:
+            return self._failure(task, ctx, TimeoutError(str(exc)), "")
         except BaseException as exc:  # a handler's error of any kind is the job's outcome
             return self._failure(task, ctx, exc, traceback.format_exc())
         return Outcome("ack")
@@ -252,26 +258,23 @@ class Processor:
                                  {"job_id": job.id, "queue": job.queue, "task": spec.task, "version": spec.version})
         return Outcome("requeue", delay_s=s.defer_s, counter=counter)
 
-    async def _call(self, task: Task, ctx: JobContext, args: tuple[Any, ...], kwargs: dict[str, Any],
+    async def _call(self, r: Running, task: Task, ctx: JobContext, args: tuple[Any, ...], kwargs: dict[str, Any],
                     timeout_s: float) -> None:
         if task.is_async:
-            async with asyncio.timeout(timeout_s):  # no extra Task per job, unlike wait_for
-                await task.fn(ctx, *args, **kwargs)
+            await call_async(task, ctx, args, kwargs, timeout_s)
             return
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self.pool, functools.partial(task.fn, ctx, *args, **kwargs))
-        self.threads.add(future)
-        future.add_done_callback(self.threads.discard)
-        try:
-            async with asyncio.timeout(timeout_s):
-                await asyncio.shield(future)
-        except TimeoutError:
-            # A thread cannot be killed: record the failure, then the process must go.
-            ctx.cancelled.set()
-            job_logger(ctx).error("job %s (%s): sync handler exceeded its timeout of %gs; a thread cannot be stopped, "
-                      "so this worker process exits and must be restarted", ctx.id, task.name, timeout_s)
-            self.on_restart_required()
-            raise
+        earlier = self.leftover.get(ctx.id)
+        if earlier is not None and earlier.thread is not None:
+            # This job's previous run (its lease lost) still runs in this process: never two at once.
+            await asyncio.wait([earlier.thread])
+
+        def on_thread(future: asyncio.Future[Any]) -> None:
+            r.thread = future
+            self.threads.add(future)
+            future.add_done_callback(self.threads.discard)
+
+        await call_sync(self.pool, task, ctx, args, kwargs, timeout_s, on_thread=on_thread,
+                        on_overrun=self.on_restart_required)
 
     def _failure(self, task: Task, ctx: JobContext, exc: BaseException, tb: str) -> Outcome:
         fence = fence_outcome(exc)
@@ -380,7 +383,10 @@ class Processor:
             r.lost = True
             if r.ctx is not None:
                 r.ctx.cancelled.set()
-            if r.task is not None:
+            if r.thread is not None and not r.thread.done():
+                # Its thread cannot be stopped: it keeps its slot (and the job id) until it returns.
+                self.leftover[job_id] = self.running.pop(job_id)
+            elif r.task is not None:
                 r.task.cancel()
 
     async def drain(self, timeout_s: float) -> None:
@@ -391,13 +397,21 @@ class Processor:
             log.info("shutdown: waiting up to %gs for %d running job(s)", timeout_s, len(tasks))
             await asyncio.wait(tasks, timeout=timeout_s)
         self.shutting_down = True
-        left = [r for r in self.running.values() if r.task is not None and not r.task.done()]
+        left = [r for r in [*self.running.values(), *self.leftover.values()] if r.task and not r.task.done()]
         for r in left:
             if r.ctx is not None:
                 r.ctx.cancelled.set()
+            # A sync handler's thread still running cannot be stopped: its job keeps its lease until this
+            # process exits and is returned when the lease lapses, so it never runs twice at once.
+            r.abandoned = r.thread is not None and not r.thread.done()
             r.task.cancel()  # type: ignore[union-attr]
+        abandoned = sum(r.abandoned for r in left)
+        if abandoned:
+            log.warning("shutdown: %d sync handler(s) still running; their jobs return to the queue when their "
+                        "leases lapse after this process exits (the attempt counts as orphaned)", abandoned)
+        if len(left) > abandoned:
+            log.warning("shutdown: returning %d unfinished job(s) to their queue", len(left) - abandoned)
         if left:
-            log.warning("shutdown: returning %d unfinished job(s) to their queue", len(left))
             await asyncio.wait([r.task for r in left if r.task is not None], timeout=5)
         await self.flush_acks()
         if self._acker is not None:

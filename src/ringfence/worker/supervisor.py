@@ -3,7 +3,7 @@
 Restarts back off exponentially while children keep dying soon after they start; after ``give_up_after``
 such deaths in a row the supervisor stops the others and exits non-zero, naming the reason in one line.
 A child that exits with ``EXIT_RESTART`` (a sync job outlived its timeout) asked to be replaced: it is
-restarted at once and never counts as a failed start."""
+restarted after ``base_s`` and never counts as a failed start."""
 
 from __future__ import annotations
 

@@ -201,8 +201,8 @@ def run_worker(app: App, queues: list[tuple[str, int]] | None = None, *, concurr
                     metrics_port=metrics_port, alerts=alerts)
     code = asyncio.run(worker.run())
     if worker.processor.threads:
-        # Sync handlers still running were requeued; a thread cannot be stopped, so leave without joining it.
-        log.warning("exiting with %d sync handler(s) still running; their jobs were returned to the queue",
+        # A thread cannot be stopped: leave without joining it. Its job's lease, no longer renewed, brings it back.
+        log.warning("exiting with %d sync handler(s) still running; their jobs return when their leases lapse",
                     len(worker.processor.threads))
         logging.shutdown()
         os._exit(code)
