@@ -1,13 +1,16 @@
 """``--processes P``: P worker processes under one supervisor that restarts a dead child.
 
-Restarts back off exponentially while children keep dying soon after they start; after ``give_up_after``
-such deaths in a row the supervisor stops the others and exits non-zero, naming the reason in one line.
+A child is *started* once it has told the supervisor it serves (through a pipe, ``READY_ENV``) and stayed up
+``start_window_s`` more; one that exits before is a failed start. Restarts after failed starts back off
+exponentially; after ``give_up_after`` of them in a row the supervisor stops the others and exits 1, naming
+the reason in one line.
 A child that exits with ``EXIT_RESTART`` (a sync job outlived its timeout) asked to be replaced: it is
 restarted after ``base_s`` and never counts as a failed start."""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -17,20 +20,20 @@ from dataclasses import dataclass, field
 log = logging.getLogger("ringfence.supervisor")
 
 EXIT_RESTART = 75  # the worker's "replace me" exit code (see worker.py)
+READY_ENV = "RINGFENCE_SUPERVISOR_FD"  # a supervised worker writes one byte there once it serves
 
 
 @dataclass(frozen=True)
 class Backoff:
-    """How restarts are paced: ``base_s * 2**n`` after the n-th quick death in a row, at most ``cap_s``;
-    a child is "quick" when it dies within ``start_window_s`` of its start."""
+    """How restarts are paced: ``base_s * 2**(n-1)`` after the n-th failed start in a row, at most ``cap_s``."""
 
     base_s: float = 0.5
     cap_s: float = 30.0
-    start_window_s: float = 5.0
+    start_window_s: float = 2.0
     give_up_after: int = 5
 
-    def delay_s(self, quick_deaths: int) -> float:
-        return min(self.base_s * 2 ** max(quick_deaths - 1, 0), self.cap_s) if quick_deaths else self.base_s
+    def delay_s(self, failed_starts: int) -> float:
+        return float(min(self.base_s * 2.0 ** (failed_starts - 1), self.cap_s))
 
 
 @dataclass
@@ -38,7 +41,9 @@ class Slot:
     index: int
     proc: subprocess.Popen[bytes] | None = None
     started: float = 0.0
-    proven: bool = False  # stayed up past the start window
+    ready_fd: int | None = None  # read end of the child's readiness pipe
+    ready_at: float | None = None  # when the child said it serves
+    proven: bool = False  # served for start_window_s: its start succeeded
     restart_at: float | None = None  # monotonic time of the planned restart
 
 
@@ -47,16 +52,19 @@ class Supervisor:
     commands: list[list[str]]  # one command per child
     backoff: Backoff = field(default_factory=Backoff)
     slots: list[Slot] = field(default_factory=list)
-    quick_deaths: int = 0  # children in a row that died within start_window_s of their start
+    failed_starts: int = 0  # children in a row that exited before their start succeeded
     stopping: bool = False
 
     def spawn(self, slot: Slot) -> None:
         # Its own process group: a terminal's Ctrl-C reaches the supervisor only, which passes on one SIGTERM
         # (a worker takes a second signal as "exit at once"). If the supervisor dies, the children stop too.
-        slot.proc = subprocess.Popen(self.commands[slot.index], process_group=0, preexec_fn=_stop_with_parent)
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        slot.proc = subprocess.Popen(self.commands[slot.index], process_group=0, preexec_fn=_stop_with_parent,
+                                     pass_fds=(write_fd,), env={**os.environ, READY_ENV: str(write_fd)})
+        os.close(write_fd)
+        slot.ready_fd, slot.ready_at, slot.proven, slot.restart_at = read_fd, None, False, None
         slot.started = time.monotonic()
-        slot.proven = False
-        slot.restart_at = None
         log.info("supervisor: started worker %d (pid %d)", slot.index, slot.proc.pid)
 
     def on_signal(self, signum: int, _frame: object) -> None:
@@ -70,18 +78,16 @@ class Supervisor:
     def reap(self, slot: Slot) -> str | None:
         """Handle a child that exited; returns the reason to give up, if any."""
         assert slot.proc is not None
+        self.close_pipe(slot)
         code, lived = slot.proc.returncode, time.monotonic() - slot.started
-        if code == EXIT_RESTART:
+        if code == EXIT_RESTART or slot.proven:
             delay = self.backoff.base_s
-        elif lived < self.backoff.start_window_s:
-            self.quick_deaths += 1
-            if self.quick_deaths >= self.backoff.give_up_after:
-                return (f"{self.quick_deaths} workers in a row exited within {self.backoff.start_window_s:g}s of "
-                        f"starting (last exit code {code}); see their output above")
-            delay = self.backoff.delay_s(self.quick_deaths)
         else:
-            self.quick_deaths = 0
-            delay = self.backoff.base_s
+            self.failed_starts += 1
+            if self.failed_starts >= self.backoff.give_up_after:
+                return (f"{self.failed_starts} workers in a row exited before they started serving "
+                        f"(last exit code {code}); see their output above")
+            delay = self.backoff.delay_s(self.failed_starts)
         log.warning("supervisor: worker %d (pid %d) exited with %d after %.1fs; restarting in %gs",
                     slot.index, slot.proc.pid, code, lived, delay)
         slot.restart_at = time.monotonic() + delay
@@ -114,10 +120,27 @@ class Supervisor:
                 reason = self.reap(slot)
                 if reason is not None:
                     return reason
-            elif slot.proc is not None and not slot.proven and now - slot.started >= self.backoff.start_window_s:
-                slot.proven = True
-                self.quick_deaths = 0  # a newly started child that stayed up resets the count
+            elif not slot.proven:
+                self.check_ready(slot, now)
         return None
+
+    def check_ready(self, slot: Slot, now: float) -> None:
+        if slot.ready_at is None and slot.ready_fd is not None:
+            try:
+                if os.read(slot.ready_fd, 1):
+                    slot.ready_at = now
+            except BlockingIOError:
+                return
+        if slot.ready_at is not None and now - slot.ready_at >= self.backoff.start_window_s:
+            slot.proven = True
+            self.failed_starts = 0  # a child that started resets the count
+            self.close_pipe(slot)
+
+    @staticmethod
+    def close_pipe(slot: Slot) -> None:
+        if slot.ready_fd is not None:
+            os.close(slot.ready_fd)
+            slot.ready_fd = None
 
     def wait_all(self) -> int:
         """Wait for every child; the exit code is the first non-zero one among them (0 when all stopped cleanly)."""
@@ -133,6 +156,17 @@ def _stop_with_parent() -> None:
 
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def notify_supervisor() -> None:
+    """In a supervised worker: tell the supervisor this process serves (no-op when not supervised)."""
+    fd = os.environ.pop(READY_ENV, None)
+    if fd is not None:
+        try:
+            os.write(int(fd), b"1")
+            os.close(int(fd))
+        except OSError:
+            pass  # the supervisor is gone; it stops us anyway
 
 
 def exit_status(returncode: int) -> int:

@@ -18,6 +18,7 @@ from ringfence.settings import WorkerSettings, check_name
 from ringfence.worker.heartbeat import Heartbeat
 from ringfence.worker.maintenance import DeadRetention, Promoter, QueueSet, Recoverer, SchedulerLoop
 from ringfence.worker.processor import Processor
+from ringfence.worker.supervisor import notify_supervisor
 
 log = logging.getLogger("ringfence.worker")
 
@@ -161,6 +162,7 @@ class Worker:
         for component in loops:
             component.health = self.broker.health
             component.start()
+        notify_supervisor()
         log.info("worker %s: queues %s, concurrency %d", self.server_id,
                  ",".join(f"{q}={w}" for q, w in self.queues), self.concurrency)
         try:
