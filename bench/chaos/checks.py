@@ -14,8 +14,11 @@ CREATE TEMP VIEW verdict AS
 SELECT o.order_id,
        COALESCE(c.n, 0) AS charges,
        f.state AS state,
-       EXISTS (SELECT 1 FROM jobs j JOIN dead d ON d.job_id = j.job_id
-               WHERE j.order_id = o.order_id AND d.reason <> '') AS dead_named,
+       EXISTS (SELECT 1 FROM jobs j JOIN (SELECT job_id, reason, error FROM dead
+                                          UNION ALL SELECT job_id, reason, error FROM failed) d
+               ON d.job_id = j.job_id WHERE j.order_id = o.order_id AND d.reason <> ''
+               AND (instr(d.error, 'order:' || o.order_id || '/charge') > 0
+                    OR instr(d.error, '''order:' || o.order_id || '''/''charge''') > 0)) AS dead_named,
        CASE WHEN f.state = 'completed' AND (r.charge_id IS NULL OR r.charge_id <> f.reference
                  OR NOT EXISTS (SELECT 1 FROM p.charges x WHERE x.order_id = o.order_id
                                 AND 'ch_' || x.id = f.reference)) THEN 1 ELSE 0 END AS mismatch

@@ -25,7 +25,7 @@ TABLES = """
 CREATE TABLE fences (order_id INTEGER PRIMARY KEY, state TEXT, reference TEXT, epoch INTEGER);
 CREATE TABLE orders (order_id INTEGER PRIMARY KEY, provider TEXT, charge_id TEXT);
 CREATE TABLE acked (job_id TEXT PRIMARY KEY, outcome TEXT);
-CREATE TABLE failed (job_id TEXT, reason TEXT);
+CREATE TABLE failed (job_id TEXT, reason TEXT, error TEXT);
 CREATE TABLE queued (job_id TEXT PRIMARY KEY);
 CREATE TABLE dead (job_id TEXT PRIMARY KEY, reason TEXT, error TEXT);
 CREATE TABLE events (kind TEXT, t0 REAL, t1 REAL, detail TEXT);
@@ -63,8 +63,9 @@ def collect_database(ledger: sqlite3.Connection, engine: Engine) -> None:
         _copy(ledger, "orders", stream.execute(select(orders.c.id, orders.c.provider, orders.c.charge_id)), 3)
         _copy(ledger, "acked", stream.execute(select(done.c.job_id, done.c.outcome)), 2)
     with engine.connect() as c:
-        for chunk in _chunks(c.execution_options(yield_per=CHUNK).execute(select(failed.c.job_id, failed.c.reason))):
-            ledger.executemany("INSERT INTO failed VALUES (?, ?)", chunk)
+        rows = c.execution_options(yield_per=CHUNK).execute(select(failed.c.job_id, failed.c.reason, failed.c.error))
+        for chunk in _chunks(rows):
+            ledger.executemany("INSERT INTO failed VALUES (?, ?, ?)", chunk)
 
 
 def collect_redis(ledger: sqlite3.Connection, r: redis.Redis, namespace: str) -> None:

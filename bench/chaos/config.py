@@ -40,12 +40,12 @@ class ChaosConfig:
     effect_timeout_s: float = 2.0  # the provider client's timeout; a hang lasts this + 1 s
     max_attempts: int = 25
     kill_every_s: float = 4.0
-    term_every_s: float = 20.0
+    term_every_s: float = 15.0
     points_p: float = 0.002        # kill probability at each of the five fault points
     doomed_rate: float = 0.005
     dup_rate: float = 0.10
-    redis_restart_every_s: float = 40.0
-    oom_every_s: float = 45.0
+    redis_restart_every_s: float = 20.0
+    oom_every_s: float = 20.0
     oom_hold_s: float = 4.0
     db_kill_every_s: float = 5.0
     skew_s: float = 10.0           # ahead; more than lease_s is what breaks worker-clock comparisons
