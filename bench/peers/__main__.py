@@ -34,6 +34,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--backlog", type=int, default=0,
                     help="pending jobs of the backlog figure, e.g. 1000000 (slow: every library enqueues them)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
+    ap.add_argument("--from-json", metavar="FILE", help="measure nothing: report the results.json of an earlier run")
     ap.add_argument("--docs", action=argparse.BooleanOptionalAction, default=None,
                     help="write the table to docs/benchmarks.md and charts to docs/img/ "
                          "(default: on for a full run of every library and figure)")

@@ -116,7 +116,7 @@ class Workers:
     def dead(self) -> bool:
         return any(p.poll() is not None for p in self.procs)
 
-    def stop(self, grace_s: float = 10.0) -> None:
+    def stop(self, grace_s: float = 5.0) -> None:
         for p in self.procs:
             if p.poll() is None:  # SIGTERM to the leader only, as a service manager stops a worker
                 signal_group(p, signal.SIGCONT)

@@ -134,7 +134,16 @@ def header_lines(out: dict[str, Any]) -> list[str]:
         f"Commit `{m['commit']}`, {m['date']}; `{m['command'].strip()}`; medians of {m['reps']} "
         f"(min–max), libraries in round-robin order; drains of {s['drain']:,} jobs"
         + (f", backlog {s['backlog']:,} pending" if s["backlog"] else "") + ".",
+        *_cut_short(m),
     ]
+
+
+def _cut_short(m: dict[str, Any]) -> list[str]:
+    planned = m["reps"] * len(m.get("libs", []))
+    done = m.get("visits_done", planned)
+    if done >= planned:
+        return []
+    return [f"Cut short: {done} of {planned} library visits done; medians of what was measured."]
 
 
 def text(out: dict[str, Any], libs: list[Lib]) -> str:
@@ -154,7 +163,7 @@ def text(out: dict[str, Any], libs: list[Lib]) -> str:
 
 def markdown(out: dict[str, Any], libs: list[Lib], charts: list[str]) -> str:
     header, rows = table_rows(out, libs)
-    lines = [*header_lines(out), ""]
+    lines = [line for h in header_lines(out) for line in (h, "")]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     if any(c.endswith("*") for r in rows for c in r):

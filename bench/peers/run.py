@@ -133,14 +133,42 @@ def choose(args: argparse.Namespace) -> tuple[list[Lib], set[str], Sizes, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_json:
+        with open(args.from_json) as f:
+            out = json.load(f)
+        libs = [BY_NAME[n] for n in out["meta"]["libs"]]
+        out["meta"].setdefault("load_end", out["meta"]["load_start"])
+    else:
+        libs, out = measure_all(args)
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print(report.text(out, libs))
+    full = not (args.quick or args.only or args.figures)
+    if args.docs if args.docs is not None else (full and not args.from_json):
+        report.write_docs(out, libs)
+        say("wrote docs/benchmarks.md (Peers section) and docs/img/peers-*.png")
+    return 1 if out["errors"] and not out["results"] else 0
+
+
+def measure_all(args: argparse.Namespace) -> tuple[list[Lib], dict[str, Any]]:
+    """Every figure of every library; the results so far are saved after each step to results.json in the
+    log directory (``--from-json`` renders them, e.g. of a run cut short)."""
     libs, figures, sizes, reps = choose(args)
     signal.signal(signal.SIGTERM, _interrupted)
     log_dir = tempfile.mkdtemp(prefix="peers-bench-")
+    saved = os.path.join(log_dir, "results.json")
     meta = {**machine(), "reps": reps, "sizes": asdict(sizes), "figures": sorted(figures),
-            "command": "python -m bench.peers " + " ".join(sys.argv[1:])}
-    say(f"logs in {log_dir}; {meta['cpu']}, {meta['cores']} cores, load {meta['load_start'][0]:.2f}")
+            "libs": [lib.name for lib in libs], "command": "python -m bench.peers " + " ".join(sys.argv[1:])}
+    say(f"logs and results.json in {log_dir}; {meta['cpu']}, {meta['cores']} cores, load {meta['load_start'][0]:.2f}")
     results: Results = {}
     errors: dict[str, list[str]] = {}
+    out = {"meta": meta, "results": results, "errors": errors}
+
+    def save() -> None:
+        with open(saved, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+
     ready: list[Lib] = []
     for lib in libs:
         try:
@@ -150,23 +178,18 @@ def run(args: argparse.Namespace) -> int:
             errors.setdefault(lib.name, []).append(f"venv: {exc} (see bench/peers/.venvs/{lib.venv}.log)")
     meta["versions"] = {lib.name: venvs.version(lib.venv, lib.package) for lib in ready}
     try:
+        if "sigkill" in figures and ready:  # first: it needs little CPU, and a cut-short run still has it
+            say(f"sigkill: every library at once, up to {sizes.sigkill_wait_s:g} s each")
+            sigkill_all(ready, sizes, log_dir, results, errors)
+            save()
         for rep in range(reps):
             for lib in ready[rep % len(ready):] + ready[:rep % len(ready)] if ready else []:
                 say(f"rep {rep + 1}/{reps}: {lib.label}")
                 visit(lib, figures, sizes, log_dir, results, errors)
-        if "sigkill" in figures and ready:
-            say(f"sigkill: every library at once, up to {sizes.sigkill_wait_s:g} s each")
-            sigkill_all(ready, sizes, log_dir, results, errors)
+                meta["visits_done"] = meta.get("visits_done", 0) + 1
+                save()
     finally:
         procs.kill_all()
-    meta["load_end"] = os.getloadavg()
-    out = {"meta": meta, "results": results, "errors": errors}
-    if args.json:
-        print(json.dumps(out, indent=2, default=str))
-    else:
-        print(report.text(out, libs))
-    write_docs = args.docs if args.docs is not None else not (args.quick or args.only or args.figures)
-    if write_docs:
-        report.write_docs(out, libs)
-        say("wrote docs/benchmarks.md (Peers section) and docs/img/peers-*.png")
-    return 1 if errors and not results else 0
+        meta["load_end"] = os.getloadavg()
+        save()
+    return libs, out

@@ -40,26 +40,39 @@ class Driver:
         else:
             self.inner.one(sent, sleep)
 
-    def single(self, n: int) -> float:
-        if self.is_async:
-            async def loop() -> float:
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    await self.inner.one(0.0, 0.0)
-                return time.perf_counter() - t0
-            return float(self.run(loop()))
-        t0 = time.perf_counter()
-        for _ in range(n):
-            self.inner.one(0.0, 0.0)
-        return time.perf_counter() - t0
+    def single(self, n: int, budget_s: float = 1e9) -> dict[str, float]:
+        """Up to ``n`` sequential enqueues, stopping early after ``budget_s``."""
+        async def aloop() -> int:
+            for i in range(n):
+                await self.inner.one(0.0, 0.0)
+                if i % 100 == 99 and time.perf_counter() > deadline:
+                    return i + 1
+            return n
 
-    def bulk(self, n: int) -> float:
+        def loop() -> int:
+            for i in range(n):
+                self.inner.one(0.0, 0.0)
+                if i % 100 == 99 and time.perf_counter() > deadline:
+                    return i + 1
+            return n
+
         t0 = time.perf_counter()
-        if self.is_async:
-            self.run(self.inner.bulk(n))
-        else:
-            self.inner.bulk(n)
-        return time.perf_counter() - t0
+        deadline = t0 + budget_s
+        done = self.run(aloop()) if self.is_async else loop()
+        return {"n": done, "seconds": time.perf_counter() - t0}
+
+    def bulk(self, n: int, budget_s: float = 1e9) -> dict[str, float]:
+        """Up to ``n`` jobs through the bulk path in calls of 1,000, stopping early after ``budget_s``."""
+        t0 = time.perf_counter()
+        done = 0
+        while done < n and (done == 0 or time.perf_counter() - t0 < budget_s):
+            chunk = min(1000, n - done)
+            if self.is_async:
+                self.run(self.inner.bulk(chunk))
+            else:
+                self.inner.bulk(chunk)
+            done += chunk
+        return {"n": done, "seconds": time.perf_counter() - t0}
 
     def rate(self, rate: float, seconds: float) -> dict[str, float]:
         """Stamped jobs at a steady rate on an absolute schedule (no drift)."""
@@ -76,7 +89,7 @@ class Driver:
         client = redis.Redis.from_url(peerjob.BROKER_URL)
         self.one()  # the queue's own keys exist before the measure
         before = int(client.info("memory")["used_memory"])
-        self.single(n)
+        n = int(self.single(n)["n"])
         after = int(client.info("memory")["used_memory"])
         client.close()
         return (after - before) / n
@@ -87,9 +100,9 @@ class Driver:
             self.one()
             return {}
         if op == "single":
-            return {"seconds": self.single(cmd["n"])}
+            return self.single(cmd["n"], cmd.get("budget_s", 1e9))
         if op == "bulk":
-            return {"seconds": self.bulk(cmd["n"])}
+            return self.bulk(cmd["n"], cmd.get("budget_s", 1e9))
         if op == "rate":
             return self.rate(cmd["rate"], cmd["seconds"])
         if op == "sleeper":
