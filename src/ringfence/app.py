@@ -28,8 +28,9 @@ log = logging.getLogger("ringfence")
 
 DeadHook = Callable[[DeadJob], Any]
 AlertHook = Callable[[str, str, dict[str, Any]], Any]
-DEFAULT_FENCE_URL = "sqlite:///ringfence.db"
+DEFAULT_FENCE_URL = "sqlite:///ringfence.db"  # the fallback fence store, in the "default" environment only
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024  # a job is a message, not a file: every reader and replica copies it
+EMBEDDED = "embedded"  # App(redis_url="embedded"): a private embedded Redis (demos)
 _DEFAULT: Any = object()  # "use the app default", distinct from None ("off")
 
 
@@ -43,8 +44,9 @@ class App:
         @app.task(queue="critical")
         async def charge_order(ctx, order_id: int, amount: int) -> None: ...
 
-    With no ``redis_url`` and no ``RINGFENCE_REDIS_URL`` it starts an embedded Redis (demos only).
-    ``max_payload_bytes`` (default 1 MiB; None: no cap) refuses larger jobs at enqueue.
+    Without a ``redis_url`` and without ``RINGFENCE_REDIS_URL``, the first use of Redis raises ConfigError;
+    ``redis_url="embedded"`` asks for a private embedded Redis, started on first use and stopped by
+    ``close()`` (demos only). ``max_payload_bytes`` (default 1 MiB; None: no cap) refuses larger jobs at enqueue.
     """
 
     def __init__(
@@ -101,13 +103,16 @@ class App:
     @property
     def redis_url(self) -> str:
         if self._redis_url is None:
+            raise ConfigError("no Redis URL: pass App(redis_url=...) or --app, or set RINGFENCE_REDIS_URL "
+                              f"(App(redis_url={EMBEDDED!r}) starts a private embedded Redis, for demos)")
+        if self._redis_url == EMBEDDED:
             from ringfence.redis.embedded import EmbeddedRedis
 
             self._embedded = EmbeddedRedis.temporary()
             self._redis_url = self._embedded.url
             # Child processes (workers of a demo) share this server.
             os.environ["RINGFENCE_REDIS_URL"] = self._redis_url
-            log.warning("no Redis URL given: started an embedded Redis at %s (for demos only)", self._redis_url)
+            log.warning("started an embedded Redis at %s (for demos only)", self._redis_url)
         return self._redis_url
 
     @property
@@ -118,8 +123,13 @@ class App:
 
     @property
     def fence_store(self) -> Any:
-        """The SQL fence store (``fence_url``; without one, SQLite ``./ringfence.db``, tables created)."""
+        """The SQL fence store (``fence_url``; without one, in the "default" environment only, SQLite
+        ``./ringfence.db`` with its tables created)."""
         if self._fence_store is None:
+            if not self.fence_url and self.environment != "default":
+                raise ConfigError(f"environment {self.environment!r} needs an explicit fence database: "
+                                  "App(fence_url=...) or RINGFENCE_FENCE_URL (the SQLite ./ringfence.db fallback is "
+                                  "for the default environment only)")
             with self._stores_lock:  # the first jobs of a worker arrive together, from several threads
                 if self._fence_store is None:
                     from ringfence.fence import FenceStore

@@ -10,7 +10,8 @@
     │   └── BadRecord          a stored job record breaks the wire format (names the field and its type)
     ├── DuplicateJob           a unique enqueue found the key held by a queued or running job
     ├── BrokerError            Redis did something the broker did not expect
-    │   └── RedisFull          Redis is at maxmemory: writes that add data (enqueue) are refused
+    │   ├── RedisFull          Redis is at maxmemory: writes that add data (enqueue) are refused
+    │   └── CannotConnect      Redis cannot be reached or refused the login (or its URL is malformed)
     ├── JobError               raised by handlers to steer retries
     │   ├── Permanent          do not retry: dead-letter at once
     │   └── RetryLater         retry after a delay without burning an attempt
@@ -69,6 +70,10 @@ class BrokerError(RingfenceError):
 class RedisFull(BrokerError):
     """Redis reached ``maxmemory``: what adds data (enqueue) is refused; what moves or shrinks it (leases, acks,
     retries, dead-letter, recovery) still runs, so workers drain the queues."""
+
+
+class CannotConnect(BrokerError):
+    """Redis cannot be reached, refused the login, or its URL is malformed (the CLI exits 3)."""
 
 
 class JobError(RingfenceError):

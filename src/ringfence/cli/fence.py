@@ -26,6 +26,13 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+def require_fence_store(app: App) -> Any:
+    """The app's fence store; the CLI never falls back to creating ./ringfence.db."""
+    if not app.fence_url:
+        raise ConfigError("no fence database: give --app with App(fence_url=...) or set RINGFENCE_FENCE_URL")
+    return app.fence_store
+
+
 @main.group()
 def fence() -> None:
     """Fences in the application's database (App(fence_url=...) or RINGFENCE_FENCE_URL)."""
@@ -37,8 +44,9 @@ def init(app: App) -> None:
     """Create the fence and failed_jobs tables if missing."""
     from ringfence.fence import create_all
 
-    create_all(app.fence_store.engine)
-    click.echo(f"fence tables ready in {app.fence_store.engine.url.render_as_string(hide_password=True)}")
+    engine = require_fence_store(app).engine
+    create_all(engine)
+    click.echo(f"fence tables ready in {engine.url.render_as_string(hide_password=True)}")
 
 
 @fence.command()
@@ -57,7 +65,7 @@ def ddl(dialect: str) -> None:
 @click.option("--limit", default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def list_(app: App, state: str | None, subject: str | None, limit: int, as_json: bool) -> None:
-    rows = [_row(r) for r in app.fence_store.list(state=state, subject=subject, limit=limit)]
+    rows = [_row(r) for r in require_fence_store(app).list(state=state, subject=subject, limit=limit)]
     if as_json:
         print_json(rows)
         return
@@ -70,7 +78,7 @@ def list_(app: App, state: str | None, subject: str | None, limit: int, as_json:
 @click.argument("subject")
 @click.argument("step")
 def show(app: App, subject: str, step: str) -> None:
-    row = app.fence_store.get(subject, step)
+    row = require_fence_store(app).get(subject, step)
     if row is None:
         raise ConfigError(f"no fence {subject!r}/{step!r}")
     print_json(_row(row))
@@ -92,7 +100,7 @@ def resolve(app: App, subject: str, step: str, happened: bool | None, reference:
     from ringfence.errors import FenceError
 
     try:
-        row = app.fence_store.resolve(subject, step, happened=happened, reference=reference)
+        row = require_fence_store(app).resolve(subject, step, happened=happened, reference=reference)
     except FenceError as exc:
         raise ConfigError(str(exc)) from exc
     click.echo(f"{subject}/{step}: now {row.state} (epoch {row.epoch}); replay the job to finish it")
@@ -102,4 +110,4 @@ def resolve(app: App, subject: str, step: str, happened: bool | None, reference:
 @app_option
 def prune(app: App) -> None:
     """Delete completed fences past their step's retention (rows without retention are kept forever)."""
-    click.echo(f"deleted {app.fence_store.prune()} fence row(s)")
+    click.echo(f"deleted {require_fence_store(app).prune()} fence row(s)")

@@ -133,6 +133,7 @@ def exporter(app: App, port: int, addr: str) -> None:
     """Serve the namespace's queue gauges on /metrics for Prometheus."""
     from ringfence.metrics import serve_exporter
 
+    app.broker.environment()  # a Redis that cannot be reached fails here, with one line, not at every scrape
     server = serve_exporter(app.broker, port, addr)
     click.echo(f"ringfence exporter: http://{addr}:{server.server_port}/metrics (namespace {app.namespace})")
     with contextlib.suppress(KeyboardInterrupt):
@@ -149,6 +150,9 @@ def exporter(app: App, port: int, addr: str) -> None:
 def reconcile_cmd(app: App, step: str, in_doubt_older_than_min: float, as_json: bool,
                   effects_source: dict[str, Any]) -> None:
     """Fence rows of STEP vs the provider's records; exit 1 on any finding (for CI and cron)."""
+    from ringfence.cli.fence import require_fence_store
+
+    require_fence_store(app)
     effects = load_effects(app, effects_source)
     report = reconcile(app, step, effects, in_doubt_older_than_s=in_doubt_older_than_min * 60)
     if as_json:

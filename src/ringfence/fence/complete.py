@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager, contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Update
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
-from ..errors import FencedOut
+from ..errors import ConfigError, FencedOut
 from ..faults import fault_point
 from .dbretry import NO_RETRY, DbRetry, aretrying, retrying
 from .offloop import in_thread
@@ -28,6 +28,62 @@ Stale = Callable[[], FencedOut]
 def _check(rowcount: int, stale: Stale) -> None:
     if rowcount != 1:
         raise stale()
+
+
+_MISSING = ("no such table", "does not exist", "doesn't exist", "undefinedtable")
+
+
+def _wrong_database(exc: Exception, db: Any, table: str, fence_db: str) -> ConfigError | None:
+    """"No fence table here" as one line naming both databases (a ConfigError: retrying cannot help)."""
+    text = str(exc).lower()
+    if table.lower() not in text or not any(m in text for m in _MISSING):
+        return None
+    return ConfigError(f"step.complete(db): {describe(db)} has no fence table {table}; the fences are in "
+                       f"{fence_db}: pass a connection to the fence database, or point fence_url at the database "
+                       "the handler writes to")
+
+
+def describe(db: Any) -> str:
+    """The database ``db`` talks to (its URL without password), or its type for a plain DB-API connection."""
+    finders: list[Callable[[], Any]] = [lambda: db.url, lambda: db.engine.url, lambda: db.get_bind().url,
+                                        lambda: db.bind.url]
+    for find in finders:
+        try:
+            return str(find().render_as_string(hide_password=True))
+        except Exception:  # not this kind of object: try the next way to find the URL
+            continue
+    return f"the {type(db).__module__}.{type(db).__name__} passed"
+
+
+@contextmanager
+def naming_databases(inner: AbstractContextManager[Any], db: Any, table: str, fence_db: str) -> Iterator[Any]:
+    """``inner`` (a completion), with a failure of its fence UPDATE on a database without the table explained."""
+    entered = False
+    try:
+        with inner as conn:
+            entered = True
+            yield conn
+    except Exception as exc:
+        wrong = None if entered else _wrong_database(exc, db, table, fence_db)
+        if wrong is None:
+            raise
+        raise wrong from exc
+
+
+@asynccontextmanager
+async def anaming_databases(inner: AbstractAsyncContextManager[Any], db: Any, table: str,
+                            fence_db: str) -> AsyncIterator[Any]:
+    """Async twin of :func:`naming_databases`."""
+    entered = False
+    try:
+        async with inner as conn:
+            entered = True
+            yield conn
+    except Exception as exc:
+        wrong = None if entered else _wrong_database(exc, db, table, fence_db)
+        if wrong is None:
+            raise
+        raise wrong from exc
 
 
 def _begin(db: Engine, stmt: Update, stale: Stale) -> tuple[AbstractContextManager[Connection], Connection]:

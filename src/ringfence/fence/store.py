@@ -252,15 +252,20 @@ class FenceStore:
                    result: str | None) -> AbstractContextManager[Any]:
         """Sync context manager: one transaction on ``db`` holding the completion + caller's writes."""
         stmt = self.complete_statement(subject, step, epoch, result)
-        return _complete.sync_completion(db, stmt, self.engine.dialect,
-                                         lambda: _fenced_out(subject, step, epoch, COMPLETABLE), self.retry)
+        inner = _complete.sync_completion(db, stmt, self.engine.dialect,
+                                          lambda: _fenced_out(subject, step, epoch, COMPLETABLE), self.retry)
+        return _complete.naming_databases(inner, db, self.table.name, self._url())
 
     def acompletion(self, db: Any, subject: str, step: str, epoch: int,
                     result: str | None) -> AbstractAsyncContextManager[Any]:
         """Async twin of :meth:`completion` (AsyncEngine / AsyncConnection / AsyncSession, or a sync ``db``)."""
         stmt = self.complete_statement(subject, step, epoch, result)
-        return _complete.async_completion(db, stmt, self.engine.dialect,
-                                          lambda: _fenced_out(subject, step, epoch, COMPLETABLE), self.retry)
+        inner = _complete.async_completion(db, stmt, self.engine.dialect,
+                                           lambda: _fenced_out(subject, step, epoch, COMPLETABLE), self.retry)
+        return _complete.anaming_databases(inner, db, self.table.name, self._url())
+
+    def _url(self) -> str:
+        return str(self.engine.url.render_as_string(hide_password=True))
 
     # --- a job that leaves the queue -------------------------------------------------------
 

@@ -20,6 +20,7 @@ from redis.exceptions import NoScriptError, OutOfMemoryError
 from ringfence.errors import BadRecord
 from ringfence.models import JobSpec
 from ringfence.redis.clock import ServerClock
+from ringfence.redis.connect import check_url
 from ringfence.redis.connection import UNAVAILABLE, ConnectionSettings, Health, async_client, full_error, sync_client
 from ringfence.redis.keys import Keys
 from ringfence.redis.scripts import PROBE, script
@@ -115,6 +116,7 @@ class Broker:
 
     def __init__(self, url: str, namespace: str = "ringfence", clock: Callable[[], int] | None = None,
                  connection: ConnectionSettings | None = None) -> None:
+        check_url(url)
         self.url = url
         self.keys = Keys(namespace)
         self.connection = connection or ConnectionSettings()

@@ -72,7 +72,7 @@ class EmbeddedRedis:
                 s.settimeout(0.2)
                 s.connect(address)
                 s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
+                return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # -NOAUTH: up, with requirepass
         except OSError:
             return False
 

@@ -7,7 +7,16 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from ringfence.errors import FenceBusy, FenceConflict, FencedOut, InDoubt, PayloadError, Permanent, RetryLater
+from ringfence.errors import (
+    ConfigError,
+    FenceBusy,
+    FenceConflict,
+    FencedOut,
+    InDoubt,
+    PayloadError,
+    Permanent,
+    RetryLater,
+)
 from ringfence.models import Fetched
 from ringfence.tasks import JobContext, Task
 
@@ -71,7 +80,8 @@ def classify(task: Task, ctx: JobContext, exc: BaseException, tb: str) -> Outcom
         return Outcome("ack", reason="duplicate", error=error)
     if isinstance(exc, InDoubt):
         return Outcome("dead", "in_doubt", error, tb)
-    if isinstance(exc, Permanent | PayloadError) or (task.permanent and isinstance(exc, task.permanent)):
+    # A ConfigError (no fence database, complete(db) on another database) does not heal by retrying.
+    if isinstance(exc, Permanent | PayloadError | ConfigError) or (task.permanent and isinstance(exc, task.permanent)):
         return Outcome("dead", "permanent", error, tb)
     if ctx.attempt >= ctx.max_attempts:
         return Outcome("dead", "max_attempts", error, tb)

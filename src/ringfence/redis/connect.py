@@ -1,0 +1,49 @@
+"""What "cannot connect to Redis" looks like: one line per cause (down, a malformed URL, a wrong or missing
+password), never a traceback. The CLI exits 3 on these (``--debug`` shows the traceback)."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.connection import parse_url
+
+from ringfence.errors import CannotConnect
+
+
+def safe_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+        return urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:
+        return url
+
+
+def check_url(url: str) -> None:
+    """Refuse a malformed Redis URL (scheme, port) with one line."""
+    try:
+        parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError as exc:
+        raise CannotConnect(f"bad Redis URL {safe_url(url)}: {exc}") from exc
+
+
+def cannot_connect(exc: BaseException, url: str | None) -> str | None:
+    """The one line for an exception (or one in its cause chain) that means Redis cannot be used; else None."""
+    seen: BaseException | None = exc
+    where = safe_url(url) if url else "the configured URL"
+    while seen is not None:
+        if isinstance(seen, CannotConnect):
+            return str(seen)
+        if isinstance(seen, redis.AuthenticationError) or (
+                isinstance(seen, redis.ResponseError) and str(seen).startswith(("NOAUTH", "WRONGPASS"))):
+            if url and urlsplit(url).password is None and urlsplit(url).scheme != "unix":
+                return f"Redis at {where} requires a password: put it in the URL (redis://:PASSWORD@host:port/db)"
+            return f"Redis at {where} refused the login: {seen}"
+        if isinstance(seen, redis.ConnectionError | redis.TimeoutError):
+            return f"cannot connect to Redis at {where}: {seen}"
+        seen = seen.__cause__ or seen.__context__
+    return None

@@ -1,0 +1,155 @@
+"""Operator mistakes on the real CLI (subprocesses): one line each, an exit code that says what happened.
+
+- Redis down, a bad scheme or port, a wrong or missing password: exit 3 ("cannot connect"), `--debug` adds
+  the traceback; the doctor too (its 0/1/2 stay for health).
+- No Redis URL at all: exit 2, and no embedded Redis is started; fence commands without a fence URL: exit 2,
+  and no ./ringfence.db appears.
+- A fenced task without a fence database outside the default environment, and `complete(db)` on another
+  database than the fence store: the job is dead-lettered once (reason permanent) with one line.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from ringfence.inspect import DeadFilter, dead_jobs
+from ringfence.redis.embedded import EmbeddedRedis, free_port
+from test_worker import run_until
+
+COMMANDS = [["info"], ["doctor", "--sample-s", "0"], ["worker"], ["servers"], ["dead", "list"],
+            ["dead", "prune", "--older-than-days", "1"], ["queue", "pause", "default"], ["watch", "--iterations", "1"],
+            ["exporter", "--port", "0"]]
+
+
+def ringfence(*args: str, env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RINGFENCE_")}
+    return subprocess.run([sys.executable, "-m", "ringfence.cli", *args], env={**clean, **env}, cwd=cwd,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def locked_redis() -> Iterator[EmbeddedRedis]:
+    """A private redis-server with requirepass (never the shared one)."""
+    server = EmbeddedRedis.temporary(port=free_port(), extra=("--requirepass", "s3cret"))
+    yield server
+    server.stop()
+
+
+def _down_url() -> str:
+    return f"redis://127.0.0.1:{free_port()}/0"  # a free port: nothing listens there
+
+
+CASES = {
+    "down": (lambda srv: _down_url(), "cannot connect to Redis at redis://127.0.0.1:"),
+    "bad scheme": (lambda srv: "http://127.0.0.1:6379/0", "bad Redis URL http://127.0.0.1:6379/0"),
+    "port out of range": (lambda srv: "redis://127.0.0.1:99999/0", "Port out of range"),
+    "port not a number": (lambda srv: "redis://127.0.0.1:abc/0", "bad Redis URL redis://127.0.0.1:abc/0"),
+    "wrong password": (lambda srv: f"redis://:wrong@127.0.0.1:{srv.port}/0",
+                       "Redis at redis://:***@127.0.0.1:{port}/0 refused the login"),
+    "missing password": (lambda srv: f"redis://127.0.0.1:{srv.port}/0", "requires a password"),
+}
+
+
+# Every case on three commands, Redis down on every command (each run is a real process: keep the matrix small).
+MATRIX = [(case, cmd) for case in CASES for cmd in COMMANDS[:3]] + \
+         [("down", cmd) for cmd in COMMANDS[3:]]
+
+
+@pytest.mark.parametrize(("case", "command"), MATRIX, ids=[f"{c}-{' '.join(m[:2])}" for c, m in MATRIX])
+def test_cannot_connect_is_one_line_and_exit_3(locked_redis, case, command) -> None:
+    make_url, expected = CASES[case]
+    url = make_url(locked_redis)
+    out = ringfence(*command, env={"RINGFENCE_REDIS_URL": url, "RINGFENCE_NAMESPACE": "tbadinput"})
+    assert out.returncode == 3, (out.stdout, out.stderr)
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: ")
+    assert expected.format(port=locked_redis.port) in out.stderr
+    assert "wrong" not in out.stderr  # the password is never printed
+
+
+def test_debug_adds_the_traceback(locked_redis) -> None:
+    out = ringfence("--debug", "info", env={"RINGFENCE_REDIS_URL": f"redis://127.0.0.1:{locked_redis.port}/0"})
+    assert out.returncode == 3 and "Traceback" in out.stderr and "AuthenticationError" in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("error: Redis at")
+
+
+def test_the_right_password_works(locked_redis) -> None:
+    out = ringfence("info", "--json", env={"RINGFENCE_REDIS_URL": f"redis://:s3cret@127.0.0.1:{locked_redis.port}/0"})
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, ["scheduler"]], ids=lambda c: " ".join(c[:2]))
+def test_no_redis_url_is_one_line_and_starts_nothing(tmp_path, command) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = ringfence(*command, env={"TMPDIR": str(tmp)}, cwd=tmp_path)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.stderr.count("\n") == 1 and ("no Redis URL" in out.stderr or "no @app.periodic" in out.stderr)
+    assert list(tmp.iterdir()) == []  # no embedded redis-server directory was created
+
+
+@pytest.mark.parametrize("command", [["fence", "list"], ["fence", "show", "order:1", "charge"], ["fence", "init"],
+                                     ["fence", "resolve", "order:1", "charge", "--not-done"], ["fence", "prune"],
+                                     ["reconcile", "--step", "charge"]], ids=lambda c: " ".join(c[:2]))
+def test_fence_commands_need_a_fence_url(tmp_path, redis_url, command) -> None:
+    out = ringfence(*command, env={"RINGFENCE_REDIS_URL": redis_url}, cwd=tmp_path)
+    assert out.returncode == 2 and "no fence database" in out.stderr and out.stderr.count("\n") == 1
+    assert not (tmp_path / "ringfence.db").exists()
+
+
+def test_embedded_redis_only_when_asked(tmp_path) -> None:
+    from ringfence import App, ConfigError
+
+    with pytest.raises(ConfigError, match="no Redis URL"):
+        App(environment="test").broker  # noqa: B018
+    app = App("embedded", "tbadinput")
+    try:
+        assert app.broker.sync.ping() and app.redis_url.startswith("unix://")
+    finally:
+        app.close()
+
+
+async def test_fenced_task_without_fence_url_outside_default_environment_dead_letters_once(make_app) -> None:
+    app = make_app(environment="production")
+
+    @app.task(name="charge")
+    def charge(ctx, order_id: int) -> None:
+        with ctx.fence(f"order:{order_id}", "charge") as step:
+            step.effect(lambda: "ch_1")
+
+    charge.enqueue(order_id=1)
+    await run_until(app, lambda: dead_jobs(app.broker, DeadFilter()))
+    [job] = dead_jobs(app.broker, DeadFilter())
+    assert job.reason == "permanent" and job.attempts == 1
+    assert "environment 'production' needs an explicit fence database" in job.error and "\n" not in job.error
+
+
+async def test_complete_on_another_database_names_both_once(make_app, tmp_path) -> None:
+    fence_url, other_url = f"sqlite:///{tmp_path}/fences.db", f"sqlite:///{tmp_path}/orders.db"
+    other = create_engine(other_url)
+    with other.begin() as c:
+        c.execute(text("create table orders (id integer primary key, charge_id text)"))
+    app = make_app(environment="test", fence_url=fence_url)
+
+    @app.task(name="charge")
+    def charge(ctx, order_id: int) -> None:
+        with ctx.fence(f"order:{order_id}", "charge") as step:
+            ref = step.effect(lambda: "ch_1")
+            with step.complete(other) as conn:
+                conn.execute(text("insert into orders values (:i, :r)"), {"i": order_id, "r": ref})
+
+    charge.enqueue(order_id=1)
+    await run_until(app, lambda: dead_jobs(app.broker, DeadFilter()))
+    [job] = dead_jobs(app.broker, DeadFilter())
+    assert job.reason == "permanent" and job.attempts == 1, job
+    assert other_url in job.error and fence_url in job.error and "\n" not in job.error
+    assert "no fence table ringfence_fences" in job.error and "SELECT" not in job.error.upper()
+    assert str(app.fence_store.get("order:1", "charge").state) == "effected"  # kept: a replay completes it
+    with other.connect() as c:
+        assert c.execute(text("select count(*) from orders")).scalar() == 0
