@@ -57,8 +57,8 @@ CASES = {
 }
 
 
-# Every case on three commands, Redis down on every command (each run is a real process: keep the matrix small).
-MATRIX = [(case, cmd) for case in CASES for cmd in COMMANDS[:3]] + \
+# Every case on three commands, Redis down on every command (a starting worker waits for a down Redis: below) (each run is a real process: keep the matrix small).
+MATRIX = [(case, cmd) for case in CASES for cmd in COMMANDS[:3] if (case, cmd) != ("down", ["worker"])] + \
          [("down", cmd) for cmd in COMMANDS[3:]]
 
 
@@ -71,6 +71,18 @@ def test_cannot_connect_is_one_line_and_exit_3(locked_redis, case, command) -> N
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: ")
     assert expected.format(port=locked_redis.port) in out.stderr
     assert "wrong" not in out.stderr  # the password is never printed
+
+
+def test_a_starting_worker_waits_for_a_down_redis_then_exits_3(tmp_path) -> None:
+    (tmp_path / "downapp.py").write_text(
+        "from ringfence import App\n"
+        "from ringfence.redis.connection import ConnectionSettings\n"
+        f"app = App({_down_url()!r}, 'tbadinput', redis=ConnectionSettings(first_connect_s=1.0))\n")
+    out = ringfence("worker", "--app", "downapp:app", env={"PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
+    assert out.returncode == 3, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: Redis at redis://127.0.0.1:") and "did not answer within 1s" in last
+    assert "Traceback" not in out.stderr
 
 
 def test_debug_adds_the_traceback(locked_redis) -> None:

@@ -36,8 +36,9 @@ class Group(click.Group):
         try:
             return super().invoke(ctx)
         except RingfenceError as exc:
-            code = 3 if isinstance(exc, CannotConnect) else 2
-            self._fail(ctx, f"error: {exc}", code)
+            app = ctx.meta.get("ringfence.app")
+            lost = isinstance(exc, CannotConnect) or cannot_connect(exc, getattr(app, "_redis_url", None))
+            self._fail(ctx, f"error: {exc}", 3 if lost else 2)
         except Exception as exc:
             app = ctx.meta.get("ringfence.app")
             line = cannot_connect(exc, getattr(app, "_redis_url", None))

@@ -150,7 +150,8 @@ class Broker:
         try:
             await self.server_clock.ameasure(self.aio)
         except UNAVAILABLE as exc:
-            await self._unavailable(exc)
+            if not isinstance(exc, redis.AuthenticationError):  # a refused login is reported by the caller
+                await self._unavailable(exc)
             raise
         self.health.ok()
 

@@ -31,6 +31,11 @@ def check_url(url: str) -> None:
         raise CannotConnect(f"bad Redis URL {safe_url(url)}: {exc}") from exc
 
 
+def login_refused(exc: BaseException, url: str) -> str | None:
+    """The one line when Redis refused the login (a wrong or missing password): waiting cannot help."""
+    return cannot_connect(exc, url) if isinstance(exc, redis.AuthenticationError) else None
+
+
 def cannot_connect(exc: BaseException, url: str | None) -> str | None:
     """The one line for an exception (or one in its cause chain) that means Redis cannot be used; else None."""
     seen: BaseException | None = exc

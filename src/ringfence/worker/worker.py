@@ -10,9 +10,10 @@ import socket
 from typing import Any
 
 from ringfence.app import App
-from ringfence.errors import BrokerError, ConfigError, EnvironmentMismatch, RedisFull
+from ringfence.errors import BrokerError, CannotConnect, ConfigError, EnvironmentMismatch, RedisFull
 from ringfence.metrics import Metrics
 from ringfence.models import new_job_id
+from ringfence.redis.connect import login_refused
 from ringfence.redis.connection import UNAVAILABLE, redact
 from ringfence.settings import WorkerSettings, check_name
 from ringfence.worker.heartbeat import Heartbeat
@@ -98,6 +99,9 @@ class Worker:
                 await b.aping()
                 return
             except UNAVAILABLE as exc:
+                refused = login_refused(exc, b.url)
+                if refused:
+                    raise CannotConnect(refused) from exc
                 if loop_time() + delay > deadline:
                     raise BrokerError(f"Redis at {redact(b.url)} did not answer within "
                                       f"{b.connection.first_connect_s:g}s: {exc}") from exc
