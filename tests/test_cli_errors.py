@@ -57,7 +57,8 @@ CASES = {
 }
 
 
-# Every case on three commands, Redis down on every command (a starting worker waits for a down Redis: below) (each run is a real process: keep the matrix small).
+# Every case on three commands, Redis down on every command (a starting worker waits for a down Redis: see
+# below); each run is a real process, so the matrix stays small.
 MATRIX = [(case, cmd) for case in CASES for cmd in COMMANDS[:3] if (case, cmd) != ("down", ["worker"])] + \
          [("down", cmd) for cmd in COMMANDS[3:]]
 
