@@ -60,7 +60,9 @@ def owner_gone(ctx: Context) -> Iterator[Finding]:
         hypothesis="the job was acked, dead-lettered or deleted after its effect left (a handler that swallowed "
                    "the step's error, a crash while dead-lettering, or a dead job deleted): the effect may have "
                    "happened and nothing will finish the step",
-        remedy="calling: look the effect up at the provider by its provider_key and `ringfence fence resolve`; "
+        remedy="calling: look the effect up at the provider by its provider_key, then "
+               "`ringfence fence resolve SUBJECT STEP --done --reference REF` or "
+               "`ringfence fence resolve SUBJECT STEP --not-done`; "
                "effected: replay the job (`ringfence dead replay ID`) so it completes with the stored reference",
         numbers={"owner_gone": len(gone), "steps": gone[:20]})
 
