@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from fence_helpers import Backend, OwnerFactory, Provider
+from sqlalchemy.orm import Session
 
 from ringfence.errors import InDoubt
 from ringfence.fence import NOT_HAPPENED, Fences, FenceState, FenceStore, Owner
@@ -31,23 +32,26 @@ class Killer:
     def __init__(self, engine: sa.Engine, admin: sa.Engine, table: str, app_name: str) -> None:
         self.admin, self.table, self.app_name = admin, table, app_name
         self.dialect = engine.dialect.name
-        self.n, self.mode, self.seen = 0, "", 0
+        self.n, self.mode, self.seen, self.target = 0, "", 0, table
         self.fired: str | None = None  # which write was hit
         self._after_commit = False
         sa.event.listen(engine, "before_cursor_execute", self._before)
         sa.event.listen(engine, "commit", self._commit)
 
-    def arm(self, n: int, mode: str) -> None:
+    def arm(self, n: int, mode: str, table: str | None = None) -> None:
         self.n, self.mode, self.seen, self.fired, self._after_commit = n, mode, 0, None, False
+        self.target = table or self.table
 
-    def _before(self, conn: sa.Connection, cursor: Any, statement: str, params: Any, *args: Any) -> None:
+    def _before(self, conn: sa.Connection, cursor: Any, statement: str, params: Any, context: Any,
+                *args: Any) -> None:
         words = statement.lstrip().split(None, 3)
-        if self.fired or not words or words[0] not in ("INSERT", "UPDATE") or self.table not in statement:
+        if self.fired or not words or words[0] not in ("INSERT", "UPDATE") or self.target not in statement:
             return
         self.seen += 1
         if self.seen != self.n:
             return
-        self.fired = write_kind(statement, params)
+        self.fired = (write_kind(statement, context.compiled_parameters[0])  # by name, whatever the paramstyle
+                      if self.target == self.table else words[0])
         if self.mode == "before":
             self.kill(conn.connection.dbapi_connection)
         else:
@@ -64,6 +68,7 @@ class Killer:
         self.kill(dbapi)  # ... whose answer never arrives
 
     def kill(self, dbapi: Any) -> None:
+        dbapi = getattr(dbapi, "driver_connection", dbapi)  # an asyncio driver's own connection
         with self.admin.connect() as c:
             if self.dialect == "postgresql":
                 pid = dbapi.info.backend_pid
@@ -144,8 +149,7 @@ def cases(writes: list[str], skip: tuple[str, str] | None = None) -> list[Any]:
 
 
 # Fresh step; the completion UPDATE is the first statement of the caller's Engine transaction.
-@pytest.mark.parametrize(("write", "name", "mode"),
-                         cases(["capture", "calling", "effected", "completed"], skip=("completed", "after")))
+@pytest.mark.parametrize(("write", "name", "mode"), cases(["capture", "calling", "effected", "completed"]))
 def test_fresh_step_survives_a_kill_at_each_write(backend: Backend, rig: Any, subject: str, provider: Provider,
                                                   make_owner: OwnerFactory, write: int, name: str, mode: str) -> None:
     store, killer = rig
@@ -157,18 +161,68 @@ def test_fresh_step_survives_a_kill_at_each_write(backend: Backend, rig: Any, su
     assert orders_of(backend, subject) == [ref] and len(provider.calls) == 1
 
 
-def test_a_lost_commit_answer_of_the_callers_completion_is_settled_by_the_rerun(
-        backend: Backend, rig: Any, subject: str, provider: Provider, make_owner: OwnerFactory) -> None:
-    """The caller's own transaction cannot be replayed by the fence: the error reaches the handler, the job
-    is retried, and the rerun finds the step completed (here the commit had gone through)."""
+@pytest.mark.parametrize("kind", ["engine", "session"])
+def test_a_lost_commit_answer_of_the_callers_completion_is_confirmed_by_the_fence_row(
+        backend: Backend, rig: Any, subject: str, provider: Provider, make_owner: OwnerFactory, kind: str) -> None:
+    """The caller's transaction (fence UPDATE + its writes) committed, the answer was lost: the fence reads its
+    row on a fresh connection, finds it completed at its epoch, and the handler goes on as if nothing happened."""
     store, killer = rig
-    killer.arm(4, "after")
+    with Fences(store, make_owner()).open(subject, "charge", params={"amount": 5}) as step:
+        ref = step.effect(lambda: provider.charge(5, idempotency_key=step.key))
+        killer.arm(1, "after")
+        if kind == "engine":
+            with step.complete(store.engine, result={"ref": ref}) as conn:
+                conn.execute(backend.orders.insert().values(id=subject, charge_id=ref))
+        else:
+            with Session(store.engine) as session, step.complete(session, result={"ref": ref}) as s:
+                s.execute(backend.orders.insert().values(id=subject, charge_id=ref))
+                s.flush()
+    assert killer.fired == "completed"
+    row = store.get(subject, "charge")
+    assert row is not None and row.state is FenceState.COMPLETED and row.result_value == {"ref": ref}
+    assert orders_of(backend, subject) == [ref] and len(provider.calls) == 1
+
+
+def test_a_connection_dying_inside_the_callers_block_fails_the_attempt_and_the_rerun_completes(
+        backend: Backend, rig: Any, subject: str, provider: Provider, make_owner: OwnerFactory) -> None:
+    """The fence cannot replay the caller's block: the error reaches the handler, both writes rolled back;
+    the job's next attempt takes the step over at ``effected`` and completes it without a second call."""
+    store, killer = rig
+    killer.arm(1, "before", table=backend.orders.name)
     with pytest.raises(sa.exc.DBAPIError) as err:
         charge(backend, store, make_owner(), subject, provider)
-    assert err.value.connection_invalidated and killer.fired == "completed"
-    with Fences(store, make_owner()).open(subject, "charge", params={"amount": 5}) as step:
-        assert step.done and step.result == {"ref": orders_of(backend, subject)[0]}
-    assert len(provider.calls) == 1
+    assert err.value.connection_invalidated and killer.fired == "INSERT"
+    row = store.get(subject, "charge")
+    assert row is not None and row.state is FenceState.EFFECTED and orders_of(backend, subject) == []
+    ref = charge(backend, store, make_owner(), subject, provider)  # the job's retry
+    assert orders_of(backend, subject) == [ref] and len(provider.calls) == 1
+    row = store.get(subject, "charge")
+    assert row is not None and row.state is FenceState.COMPLETED and row.epoch == 2
+
+
+async def test_async_engine_completion_survives_a_dead_pooled_connection(
+        backend: Backend, rig: Any, subject: str, provider: Provider, make_owner: OwnerFactory) -> None:
+    """``async with step.complete(async_engine)``: the fence's UPDATE opens the transaction, so a dead
+    connection there is replaced before any write of the caller's."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    store, killer = rig
+    drivers = {"postgresql": "postgresql+psycopg", "mariadb": "mysql+aiomysql"}
+    url = sa.make_url(backend.url).set(drivername=drivers[backend.name])
+    args = {"application_name": killer.app_name} if backend.name == "postgresql" else {}
+    aengine = create_async_engine(url, connect_args=args)
+    akiller = Killer(aengine.sync_engine, killer.admin, store.table.name, killer.app_name)
+    try:
+        async with Fences(store, make_owner()).open(subject, "charge", params={"amount": 5}) as step:
+            ref = await step.effect(lambda: provider.charge(5, idempotency_key=step.key))
+            akiller.arm(1, "before")
+            async with step.complete(aengine, result={"ref": ref}) as conn:
+                await conn.execute(backend.orders.insert().values(id=subject, charge_id=ref))
+    finally:
+        await aengine.dispose()
+    assert akiller.fired == "completed"
+    row = store.get(subject, "charge")
+    assert row is not None and row.state is FenceState.COMPLETED and orders_of(backend, subject) == [ref]
 
 
 # Takeover of a step left calling (its capture INSERT finds the row first); reconcile says NOT_HAPPENED;

@@ -8,6 +8,7 @@ In every case: the epoch-conditional UPDATE runs first in the transaction (rowco
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager, contextmanager
@@ -15,14 +16,16 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Update
 from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from ..errors import ConfigError, FencedOut
 from ..faults import fault_point
-from .dbretry import NO_RETRY, DbRetry, aretrying, retrying
+from .dbretry import NO_RETRY, DbRetry, aretrying, is_disconnect, retrying
 from .offloop import in_thread
 
 Stale = Callable[[], FencedOut]
+Committed = Callable[[], bool]  # does the fence row show this completion committed?
 
 
 def _check(rowcount: int, stale: Stale) -> None:
@@ -98,34 +101,28 @@ def _begin(db: Engine, stmt: Update, stale: Stale) -> tuple[AbstractContextManag
     return tx, conn
 
 
+def _confirm(exc: BaseException, committed: Committed | None) -> bool:
+    """A COMMIT whose connection died: it may have gone through. The fence's row, read on another
+    connection, tells (it was written in the same transaction): True means committed, so no error."""
+    return committed is not None and is_disconnect(exc) and committed()
+
+
 @contextmanager
 def sync_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale,
-                    retry: DbRetry = NO_RETRY) -> Iterator[Any]:
+                    retry: DbRetry = NO_RETRY, committed: Committed | None = None) -> Iterator[Any]:
     """Yield the object the caller writes through; commit once on success, roll back on error.
 
     With an Engine the fence's UPDATE is the transaction's first statement: if its (pooled) connection
-    turns out dead, nothing of the caller's has run yet, so it starts over on a fresh connection.
+    turns out dead, nothing of the caller's has run yet, so it starts over on a fresh connection. A
+    COMMIT that loses its connection is checked with ``committed`` (SQLAlchemy ``db`` only).
     """
     if isinstance(db, Engine):
-        tx, conn = retrying(retry, lambda _retried: _begin(db, stmt, stale), "fence completion")
-        try:
+        with _engine_completion(db, stmt, stale, retry, committed) as conn:
             yield conn
-            fault_point("before_commit")
-        except BaseException:
-            if not tx.__exit__(*sys.exc_info()):  # rolls back
-                raise
-        else:
-            tx.__exit__(None, None, None)  # commits
         return
     if isinstance(db, Connection | Session):
-        try:
-            _check(db.execute(stmt).rowcount, stale)  # type: ignore[attr-defined]
-            yield db
-            fault_point("before_commit")
-        except BaseException:
-            db.rollback()
-            raise
-        db.commit()
+        with _sa_completion(db, stmt, stale, committed) as conn:
+            yield conn
         return
     if _is_django(db):
         with _django_completion(db, stmt, dialect, stale) as conn:
@@ -139,9 +136,45 @@ def sync_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale,
                     "Connection or Session, an async one, or a DB-API connection")
 
 
+@contextmanager
+def _engine_completion(db: Engine, stmt: Update, stale: Stale, retry: DbRetry,
+                       committed: Committed | None) -> Iterator[Connection]:
+    tx, conn = retrying(retry, lambda _retried: _begin(db, stmt, stale), "fence completion")
+    try:
+        yield conn
+        fault_point("before_commit")
+    except BaseException:
+        if not tx.__exit__(*sys.exc_info()):  # rolls back
+            raise
+    else:
+        try:
+            tx.__exit__(None, None, None)  # commits
+        except DBAPIError as exc:
+            if not _confirm(exc, committed):
+                raise
+
+
+@contextmanager
+def _sa_completion(db: Connection | Session, stmt: Update, stale: Stale,
+                   committed: Committed | None) -> Iterator[Any]:
+    try:
+        _check(db.execute(stmt).rowcount, stale)  # type: ignore[attr-defined]
+        yield db
+        fault_point("before_commit")
+    except BaseException:
+        db.rollback()
+        raise
+    try:
+        db.commit()
+    except DBAPIError as exc:
+        db.rollback()  # the caller's Connection/Session stays usable
+        if not _confirm(exc, committed):
+            raise
+
+
 @asynccontextmanager
 async def async_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale,
-                           retry: DbRetry = NO_RETRY) -> AsyncIterator[Any]:
+                           retry: DbRetry = NO_RETRY, committed: Committed | None = None) -> AsyncIterator[Any]:
     """Async twin of :func:`sync_completion` for AsyncEngine, AsyncConnection and AsyncSession.
 
     A sync SQLAlchemy ``db`` gets its blocking statements (begin, the fence UPDATE, commit) run in a
@@ -150,7 +183,7 @@ async def async_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
     if not isinstance(db, AsyncEngine | AsyncConnection | AsyncSession):
-        sync = sync_completion(db, stmt, dialect, stale, retry)
+        sync = sync_completion(db, stmt, dialect, stale, retry, committed)
         if isinstance(db, Engine | Connection | Session):
             async with in_thread(sync) as conn:
                 yield conn
@@ -167,7 +200,11 @@ async def async_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale
             if not await atx.__aexit__(*sys.exc_info()):
                 raise
         else:
-            await atx.__aexit__(None, None, None)
+            try:
+                await atx.__aexit__(None, None, None)
+            except DBAPIError as exc:
+                if not await asyncio.to_thread(_confirm, exc, committed):
+                    raise
         return
     try:
         _check((await db.execute(stmt)).rowcount, stale)  # type: ignore[attr-defined]
@@ -176,7 +213,12 @@ async def async_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale
     except BaseException:
         await db.rollback()
         raise
-    await db.commit()
+    try:
+        await db.commit()
+    except DBAPIError as exc:
+        await db.rollback()
+        if not await asyncio.to_thread(_confirm, exc, committed):
+            raise
 
 
 async def _abegin(db: Any, stmt: Update, stale: Stale) -> tuple[Any, Any]:

@@ -35,6 +35,8 @@ T = TypeVar("T")
 # PostgreSQL SQLSTATEs that mean "this connection is gone": class 08 (connection exception) and the
 # operator-intervention codes (pg_terminate_backend, a shutdown, a server not accepting connections yet).
 _PG_GONE = ("08", "57P01", "57P02", "57P03")
+# libpq's own words for a socket the server closed (no SQLSTATE: the client noticed).
+_PG_GONE_TEXT = ("server closed the connection unexpectedly", "consuming input failed", "connection is lost")
 
 
 @dataclass(frozen=True)
@@ -122,8 +124,8 @@ def watch_disconnects(engine: Engine) -> Engine:
     """Make ``engine`` count every "connection is gone" error as a disconnect, also while connecting.
 
     SQLAlchemy's psycopg dialect recognises a terminated backend only once the driver marked the
-    connection broken, and never for an error raised while a new connection initialises; the SQLSTATE
-    says it in every case. Idempotent.
+    connection broken, and never for an error raised while a new connection initialises (the dialect's
+    first-connect queries); the SQLSTATE, or libpq's message, says it in every case. Idempotent.
     """
     if not event.contains(engine, "handle_error", _flag_gone):
         event.listen(engine, "handle_error", _flag_gone)
@@ -133,8 +135,10 @@ def watch_disconnects(engine: Engine) -> Engine:
 def _flag_gone(ctx: ExceptionContext) -> None:
     if ctx.is_disconnect:
         return
-    state = getattr(ctx.original_exception, "sqlstate", None) or getattr(ctx.original_exception, "pgcode", None)
-    if isinstance(state, str) and state.startswith(_PG_GONE):
+    exc = ctx.original_exception
+    state = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+    if (isinstance(state, str) and state.startswith(_PG_GONE)) or (
+            ctx.dialect.name == "postgresql" and any(text in str(exc) for text in _PG_GONE_TEXT)):
         ctx.is_disconnect = True
 
 

@@ -253,7 +253,8 @@ class FenceStore:
         """Sync context manager: one transaction on ``db`` holding the completion + caller's writes."""
         stmt = self.complete_statement(subject, step, epoch, result)
         inner = _complete.sync_completion(db, stmt, self.engine.dialect,
-                                          lambda: _fenced_out(subject, step, epoch, COMPLETABLE), self.retry)
+                                          lambda: _fenced_out(subject, step, epoch, COMPLETABLE), self.retry,
+                                          self._committed(subject, step, epoch, result))
         return _complete.naming_databases(inner, db, self.table.name, self._url())
 
     def acompletion(self, db: Any, subject: str, step: str, epoch: int,
@@ -261,11 +262,16 @@ class FenceStore:
         """Async twin of :meth:`completion` (AsyncEngine / AsyncConnection / AsyncSession, or a sync ``db``)."""
         stmt = self.complete_statement(subject, step, epoch, result)
         inner = _complete.async_completion(db, stmt, self.engine.dialect,
-                                           lambda: _fenced_out(subject, step, epoch, COMPLETABLE), self.retry)
+                                           lambda: _fenced_out(subject, step, epoch, COMPLETABLE), self.retry,
+                                           self._committed(subject, step, epoch, result))
         return _complete.anaming_databases(inner, db, self.table.name, self._url())
 
     def _url(self) -> str:
         return str(self.engine.url.render_as_string(hide_password=True))
+
+    def _committed(self, subject: str, step: str, epoch: int, result: str | None) -> Callable[[], bool]:
+        done = {"state": FenceState.COMPLETED.value, "result": result}
+        return lambda: self._read(lambda conn: self._holds(conn, subject, step, epoch, done))
 
     # --- a job that leaves the queue -------------------------------------------------------
 

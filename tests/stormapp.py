@@ -1,0 +1,60 @@
+"""A worker app for the database-storm test: 30 orders charged through a strict fence (no provider dedup,
+no reconcile hook) while the test kills this app's database connections.
+
+The "provider" counts its effects per idempotency key in Redis, outside the database under attack, so a
+double effect is visible. On MariaDB every connection this app opens records its id in Redis: the test
+kills only those.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis
+from sqlalchemy import Column, Integer, MetaData, String, Table, event, update
+
+from ringfence import App, RetryPolicy, WorkerSettings
+
+ns = os.environ["RINGFENCE_NAMESPACE"]
+app = App(
+    namespace=ns,
+    environment="test",
+    fence_url=os.environ["FENCE_URL"],
+    worker=WorkerSettings(lease_s=2.0, heartbeat_s=0.5, recover_interval_s=0.5, promote_interval_s=0.1,
+                          shutdown_timeout_s=3.0, server_ttl_s=3.0),
+    retry=RetryPolicy(max_attempts=5, base_s=0.1, cap_s=0.5),
+)
+md = MetaData()
+orders = Table(f"storm_orders_{ns}", md, Column("id", Integer, primary_key=True, autoincrement=False),
+               Column("charge_id", String(64)))
+effects = redis.Redis.from_url(os.environ["RINGFENCE_REDIS_URL"])
+EFFECTS = f"{ns}:test:effects"  # idempotency key -> provider effects
+CONN_IDS = f"{ns}:test:conn_ids"  # MariaDB connection ids this app opened
+EFFECT_S = float(os.environ.get("STORM_EFFECT_S", "1.0"))
+
+
+def engine():
+    return app.fence_store.engine
+
+
+if engine().dialect.name in ("mysql", "mariadb"):
+    @event.listens_for(engine(), "connect")
+    def _record_connection_id(dbapi_conn, record) -> None:
+        effects.sadd(CONN_IDS, dbapi_conn.thread_id())
+
+
+def provider_charge(key: str, order_id: int) -> str:
+    effects.hincrby(EFFECTS, key, 1)
+    time.sleep(EFFECT_S)  # in flight while connections die
+    return f"ch_{order_id}"
+
+
+@app.task
+def charge(ctx, order_id: int) -> None:
+    with ctx.fence(f"{ns}:order:{order_id}", "charge", params={"order": order_id}) as step:
+        if step.done:
+            return
+        ref = step.effect(lambda: provider_charge(step.key, order_id))
+        with step.complete(engine(), result={"charge_id": ref}) as conn:
+            conn.execute(update(orders).where(orders.c.id == order_id).values(charge_id=ref))
