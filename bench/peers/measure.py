@@ -28,20 +28,21 @@ DONE, STARTS = "peers:done", "peers:starts"  # as in adapters/peerjob.py
 class Sizes:
     single: int = 5_000        # jobs enqueued one call each (or as many as fit in enqueue_budget_s)
     bulk: int = 20_000         # jobs enqueued through the library's bulk path (the same)
-    enqueue_budget_s: float = 15.0
+    enqueue_budget_s: float = 10.0
     drain: int = 20_000        # jobs per drain
     latency_rate: int = 200    # stamped jobs/s
     latency_s: float = 10.0
     memory: int = 5_000        # jobs whose Redis memory is measured
     backlog: int = 0           # pending jobs of the backlog figure (0: skipped)
-    drain_timeout_s: float = 60.0    # a slower drain is reported from the jobs done by then
+    fill_budget_s: float = 20.0      # a drain's queue gets fewer jobs from a library that enqueues slower
+    drain_timeout_s: float = 30.0    # a slower drain is reported from the jobs done by then
     start_timeout_s: float = 60.0    # worker start-up until the warm-up job ran
     settle_s: float = 2.0            # after the warm-up job, for the other processes to come up
+    latency_grace_s: float = 20.0    # after the last stamped job is sent
     sigkill_wait_s: float = 90.0
 
 
-QUICK = Sizes(single=500, bulk=2_000, drain=2_000, latency_s=2.0, memory=1_000, drain_timeout_s=30.0,
-              start_timeout_s=30.0, settle_s=1.0)
+QUICK = Sizes(single=500, bulk=2_000, drain=2_000, latency_s=2.0, memory=1_000, start_timeout_s=30.0, settle_s=1.0)
 
 
 class Failed(Exception):
@@ -118,7 +119,8 @@ class Session:
 
     def memory(self) -> dict[str, float]:
         self.fresh()
-        out = {"bytes_per_job": float(self.producer.call(300, op="memory", n=self.sizes.memory)["bytes_per_job"])}
+        answer = self.producer.call(300, op="memory", n=self.sizes.memory, budget_s=self.sizes.enqueue_budget_s)
+        out = {"bytes_per_job": float(answer["bytes_per_job"])}
         self.fresh()
         return out
 
@@ -131,8 +133,9 @@ class Session:
         try:
             workers.send(signal.SIGSTOP)
             base = self.done()
-            self.producer.call(900, op="bulk", n=pending)
-            goal = base + jobs
+            budget = self.sizes.fill_budget_s if pending == jobs else 1e9  # the backlog is filled in full
+            filled = int(self.producer.call(900, op="bulk", n=pending, budget_s=budget)["n"])
+            goal = base + min(jobs, filled)
             workers.send(signal.SIGCONT)
             self.wait("the first job", lambda: self.done() > base, 30, workers)
             t0, d0 = time.perf_counter(), self.done()
@@ -145,7 +148,7 @@ class Session:
         finally:
             workers.stop()
         self.fresh()
-        return {"rate": (d1 - d0) / (t1 - t0), "partial": d1 < goal, "jobs": d1 - d0}
+        return {"rate": (d1 - d0) / (t1 - t0), "partial": d1 < goal, "jobs": d1 - d0, "queued": filled}
 
     def latency(self) -> dict[str, float]:
         s = self.sizes
@@ -155,7 +158,8 @@ class Session:
             sent = self.producer.call(s.latency_s * 3 + 60, op="rate", rate=s.latency_rate, seconds=s.latency_s)
             n = int(sent["n"])
             with contextlib.suppress(Failed):  # the percentiles count the missing ones as never started
-                self.wait("the stamped jobs", lambda: self.server.metrics.llen(STARTS) >= n, 30, workers)
+                self.wait("the stamped jobs", lambda: self.server.metrics.llen(STARTS) >= n, s.latency_grace_s,
+                          workers)
             raw = [x.split() for x in self.server.metrics.lrange(STARTS, 0, -1)]
         finally:
             workers.stop()

@@ -35,7 +35,7 @@ def med(results: dict[str, Any], lib: str, key: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def cell(results: dict[str, Any], lib: str, key: str, fmt: str) -> str:
+def cell(results: dict[str, Any], lib: str, key: str, fmt: str, drain_n: int = 0) -> str:
     raw = results.get(lib, {}).get(key)
     if raw is None:
         return "–"
@@ -49,6 +49,9 @@ def cell(results: dict[str, Any], lib: str, key: str, fmt: str) -> str:
         text += f" ({fmt.format(min(vals))}–{fmt.format(max(vals))})"
     if any(results[lib].get(f"{key}_partial", [])):
         text += " *"
+    queued = results[lib].get(f"{key}_queued", [])
+    if key.startswith("drain") and queued and min(queued) < drain_n:
+        text += f" (of {min(queued):,}–{max(queued):,} queued)"
     if key.startswith("latency") and len(vals) < len(raw):
         text += f" ({len(raw) - len(vals)} of {len(raw)} runs: > 1 % of the jobs never started)"
     return text
@@ -78,7 +81,8 @@ def table_rows(out: dict[str, Any], libs: list[Lib]) -> tuple[list[str], list[li
         if lib.name not in results:
             rows.append([name, *["failed" for _ in cols]])
             continue
-        rows.append([name, *[cell(results, lib.name, k, fmt) for k, _, fmt in cols]])
+        drain_n = out["meta"]["sizes"]["drain"]
+        rows.append([name, *[cell(results, lib.name, k, fmt, drain_n) for k, _, fmt in cols]])
     return header, rows
 
 
@@ -135,6 +139,9 @@ def header_lines(out: dict[str, Any]) -> list[str]:
         f"(min–max), libraries in round-robin order; drains of {s['drain']:,} jobs"
         + (f", backlog {s['backlog']:,} pending" if s["backlog"] else "") + ".",
         *_cut_short(m),
+        *(["The machine was shared: other work ran beside this run (load average above the core count), so "
+           "single figures spread; compare the libraries within this run, not with other runs."]
+          if max(m["load_start"][0], m.get("load_end", [0.0])[0]) > m["cores"] else []),
     ]
 
 

@@ -92,7 +92,7 @@ def visit(lib: Lib, figures: set[str], sizes: Sizes, log_dir: str, results: Resu
 def _drain(session: Session, processes: int, key: str, pending: int | None = None) -> Callable[[], dict[str, Any]]:
     def measure() -> dict[str, Any]:
         out = session.drain(processes, pending=pending)
-        return {key: out["rate"], f"{key}_partial": out["partial"]}
+        return {key: out["rate"], f"{key}_partial": out["partial"], f"{key}_queued": out["queued"]}
 
     return measure
 

@@ -85,11 +85,11 @@ class Driver:
             self.one(time.time(), 0.0)
         return {"n": n, "achieved": n / (time.perf_counter() - t0)}
 
-    def memory(self, n: int) -> float:
+    def memory(self, n: int, budget_s: float) -> float:
         client = redis.Redis.from_url(peerjob.BROKER_URL)
         self.one()  # the queue's own keys exist before the measure
         before = int(client.info("memory")["used_memory"])
-        n = int(self.single(n)["n"])
+        n = int(self.single(n, budget_s)["n"])
         after = int(client.info("memory")["used_memory"])
         client.close()
         return (after - before) / n
@@ -109,7 +109,7 @@ class Driver:
             self.one(time.time(), cmd["seconds"])
             return {}
         if op == "memory":
-            return {"bytes_per_job": self.memory(cmd["n"])}
+            return {"bytes_per_job": self.memory(cmd["n"], cmd.get("budget_s", 1e9))}
         raise ValueError(f"unknown op {op!r}")
 
     def close(self) -> None:
