@@ -7,14 +7,17 @@ import subprocess
 import sys
 
 import pytest
+from bench.chaos.config import KINDS as ALL_KINDS
+from bench.chaos.stack import faketime_available
 
 from support import ROOT, database_url
 
 pytestmark = pytest.mark.slow
 
-# The fault kinds robust on a loaded 2-core machine within the time bound; the full run has them all.
-KINDS = ("kill", "term", "points", "duplicates", "redis-restart", "oom", "db-kill",
-         "provider-5xx", "provider-hang", "provider-drop")
+# Every fault kind but one, at rates that fit the time bound on a loaded 2-core machine. Left out: "doomed",
+# until FenceStore.owned() rides out a dead connection (with "db-kill", 2 runs in 5 left a doomed order's fence
+# `calling` behind its dead job). The skewed worker needs libfaketime (.ci/run installs it).
+KINDS = tuple(k for k in ALL_KINDS if k != "doomed" and (k != "skew" or faketime_available()))
 
 
 def test_small_chaos_run_passes_every_check(tmp_path) -> None:

@@ -44,10 +44,11 @@ orders = Table("chaos_orders", metadata,
                Column("amount", Integer, nullable=False),
                Column("provider", String(1), nullable=False),
                Column("charge_id", String(64)))
+# One row per (job, outcome): an attempt may record "duplicate" and a later attempt of the same job charge.
 done = Table("chaos_done", metadata,
              Column("job_id", String(64), primary_key=True),
-             Column("order_id", Integer, nullable=False),
-             Column("outcome", String(16), nullable=False))
+             Column("outcome", String(16), primary_key=True),
+             Column("order_id", Integer, nullable=False))
 
 
 def make_app(redis_url: str | None = None, namespace: str | None = None, fence_url: str | None = None) -> App:

@@ -61,7 +61,8 @@ def collect_database(ledger: sqlite3.Connection, engine: Engine) -> None:
                               .where(fences.c.step == "charge"))
         _copy(ledger, "fences", ((int(s.removeprefix("order:")), st, ref, ep) for s, st, ref, ep in rows), 4)
         _copy(ledger, "orders", stream.execute(select(orders.c.id, orders.c.provider, orders.c.charge_id)), 3)
-        _copy(ledger, "acked", stream.execute(select(done.c.job_id, done.c.outcome)), 2)
+        acks = select(done.c.job_id, done.c.outcome).order_by(done.c.outcome.desc())  # "charged" wins
+        _copy(ledger, "acked", stream.execute(acks), 2)
     with engine.connect() as c:
         rows = c.execution_options(yield_per=CHUNK).execute(select(failed.c.job_id, failed.c.reason, failed.c.error))
         for chunk in _chunks(rows):
