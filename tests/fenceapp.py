@@ -119,3 +119,34 @@ def charge_then_fail(ctx, order_id: int, amount: int, mode: str) -> None:
             raise Permanent("the order was cancelled meanwhile")
     except ProviderTimeout:
         return
+
+
+def slow_find_charge(key: str, request: dict) -> str | None:
+    """A reconcile hook slower than the heartbeat (``HOOK_S``, 1.3 s by default)."""
+    import time
+
+    time.sleep(float(os.environ.get("HOOK_S", "1.3")))
+    return find_charge(key, request)
+
+
+@app.task
+async def charge_slow_hook_async(ctx, order_id: int, amount: int) -> None:
+    """Async handler, provider ignoring keys, a slow sync reconcile hook."""
+    async with ctx.fence(f"{ns}:order:{order_id}", "charge", params={"amount": amount},
+                         reconcile=slow_find_charge) as step:
+        if step.done:
+            return
+        ref = await step.effect(lambda: provider_charge_ignoring_key(order_id, step.key))
+        async with step.complete(engine(), result={"charge_id": ref}) as conn:
+            conn.execute(update(orders).where(orders.c.id == order_id).values(charge_id=ref))
+
+
+@app.task
+def charge_slow_hook_sync(ctx, order_id: int, amount: int) -> None:
+    """Sync handler, provider ignoring keys, a slow reconcile hook."""
+    with ctx.fence(f"{ns}:order:{order_id}", "charge", params={"amount": amount}, reconcile=slow_find_charge) as step:
+        if step.done:
+            return
+        ref = step.effect(lambda: provider_charge_ignoring_key(order_id, step.key))
+        with step.complete(engine(), result={"charge_id": ref}) as conn:
+            conn.execute(update(orders).where(orders.c.id == order_id).values(charge_id=ref))

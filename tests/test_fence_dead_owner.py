@@ -60,7 +60,7 @@ def test_orphaned_to_max_attempts_ends_in_doubt_naming_the_job(fapp, spawn_worke
     assert "exceeds max_attempts=1" in rec["error"]
     assert f"fence {fapp.ns}:order:1/charge was calling: the effect may have happened" in rec["error"]
     assert f"owner job {job}" in rec["error"]
-    [durable] = fapp.app.failed_jobs.unreplayed([job])
+    [durable] = wait_until(lambda: fapp.app.failed_jobs.unreplayed([job]), timeout=10)  # written after Redis
     assert durable["reason"] == "in_doubt" and "was calling" in durable["error"]
 
     code, report = cli_json(fapp, fence_url, "reconcile", "--step", "charge", "--in-doubt-older-than-min", "0")

@@ -81,7 +81,7 @@ def test_in_doubt_without_dedup_parks_then_a_person_resolves(fapp, spawn_worker,
     wait_until(lambda: fapp.app.broker.queue_counts("default")["dead"] == 1, timeout=40)
     n, ref, row = state(fapp, 1)
     assert n == 1 and ref is None and str(row.state) == "in_doubt"  # never re-executed blindly
-    [durable] = fapp.app.failed_jobs.unreplayed([job])
+    [durable] = wait_until(lambda: fapp.app.failed_jobs.unreplayed([job]), timeout=10)  # written after Redis
     assert durable["reason"] == "in_doubt" and durable["queue"] == "default"
     env = {"RINGFENCE_APP": "fenceapp:app", "FENCE_URL": fence_url}
     subject = f"{fapp.ns}:order:1"
@@ -139,7 +139,7 @@ def test_same_key_different_params_is_a_conflict(fapp, spawn_worker, fence_url) 
     wait_until(lambda: fapp.app.broker.queue_counts("default")["stats"].get("processed") == 1, timeout=30)
     conflicting = fapp.charge_dedup.enqueue(order_id=3, amount=999)
     wait_until(lambda: fapp.app.broker.queue_counts("default")["dead"] == 1, timeout=30)
-    [d] = fapp.app.failed_jobs.unreplayed([conflicting])
+    [d] = wait_until(lambda: fapp.app.failed_jobs.unreplayed([conflicting]), timeout=10)  # written after Redis
     assert d["reason"] == "permanent" and "FenceConflict" in d["error"]
     n, _, row = state(fapp, 3)
     assert n == 1 and row.params_hash and str(row.state) == "completed"

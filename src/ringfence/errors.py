@@ -114,3 +114,7 @@ class InDoubt(FenceError):
 
 class SettleOnly(FenceError):
     """A settling run (attempts used up by orphaned runs) may only settle in-doubt steps, not start an effect."""
+
+
+class ReconcileTimeout(FenceError):
+    """A ``reconcile`` hook did not answer within its ``reconcile_timeout_s``; the step stays as it was."""

@@ -173,6 +173,7 @@ class JobContext:
     fencing: Any = None  # the worker's fence wiring; None outside a worker
     fence_key: str | None = None  # the latest fence opened ("subject/step"), stamped on log lines
     settling: bool = False  # attempts used up by orphaned runs: only steps in doubt may be settled
+    deadline: float | None = None  # time.monotonic() when the worker stops this attempt (its timeout)
 
     def fence(self, subject: str, step: str, **options: Any) -> Any:
         """A fence on (business id, step) in the SQL store: ``with``/``async with ctx.fence(...) as step``.

@@ -8,11 +8,13 @@ that run in the caller's own style, between :meth:`Core.begin_effect` and
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import replace
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from ..errors import FenceBusy, FenceConflict, FenceError, InDoubt, RetryLater, SettleOnly
+from ..errors import FenceBusy, FenceConflict, FenceError, InDoubt, ReconcileTimeout, RetryLater, SettleOnly
 from ..faults import fault_point
 from .model import FenceBackend, FenceRow, FenceState, Owner, dumps, params_hash, provider_key
 
@@ -95,7 +97,7 @@ class Core:
         if self._alive(row):
             if row.owner_job_id == self.owner.job_id:
                 raise RetryLater(f"{self._where()}: an earlier attempt of this job still holds it",
-                                 delay_s=max(1.0, min(self.owner.lease_s / 4, 30.0)))
+                                 delay_s=self._backoff(row))
             raise FenceBusy(f"{self._where()} is owned by live job {row.owner_job_id!r}; "
                             "this job is a duplicate")
         new = self.store.take_over(row, self.owner, lease_must_be_over=self.owner.alive is None)
@@ -105,6 +107,15 @@ class Core:
         self._observe("resumed")
         fault_point("after_capture")
         return self._after_takeover(new)
+
+    def _backoff(self, row: FenceRow) -> float:
+        """Wait half as long as the live owner has held the step (0.5 s to 30 s): each rerun that finds it
+        still held waits longer, without a counter anywhere."""
+        db_now = getattr(self.store, "db_now", None)
+        if db_now is None or row.updated_at is None:
+            return max(1.0, min(self.owner.lease_s / 4, 30.0))
+        held_s = _seconds_between(row.updated_at, db_now())
+        return min(max(held_s / 2, 0.5), 30.0)
 
     def _observe(self, outcome: str) -> None:
         if self.owner.observe is not None:
@@ -127,9 +138,31 @@ class Core:
             self.replay = True
             return None
         if opts.reconcile is not None:
+            self._hook_fits()
             return RECONCILE
         self._park()
         return None  # unreachable: _park raises
+
+    def _hook_fits(self) -> None:
+        """Start the hook only if its bound fits before this attempt is stopped: a hook cut off by the job's
+        timeout is a takeover for nothing. A bound longer than a whole attempt can never fit: park."""
+        bound, deadline, budget = self.hook_bound(), self.owner.deadline, self.owner.budget_s
+        if budget is not None and bound > budget:
+            self._park(f"reconcile_timeout_s={bound:g} exceeds the job's timeout of {budget:g}s, so the "
+                       "reconcile hook can never run; lower the bound or raise the timeout")
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and bound > left:
+            # An error, not a deferral: the attempt counts, so a handler that always reaches the hook late
+            # ends in dead-letter (its calling step parked) instead of looping.
+            raise ReconcileTimeout(f"{self._where()}: the reconcile hook may take up to {bound:g}s and this "
+                                   f"attempt has {max(left, 0):.1f}s left; not started, the step stays calling")
+
+    def hook_bound(self) -> float:
+        """The hook's time bound: ``reconcile_timeout_s``, else 30 s or half an attempt, the shorter."""
+        if self.opts.reconcile_timeout_s is not None:
+            return self.opts.reconcile_timeout_s
+        budget = self.owner.budget_s
+        return 30.0 if budget is None else min(30.0, budget / 2)
 
     def apply_reconcile(self, answer: Any) -> None:
         """Act on the reconcile hook's answer: adopt a reference, call again, or park."""
@@ -142,10 +175,10 @@ class Core:
             self.store.record(self.subject, self.step, row.epoch, _as_reference(answer))
         self._refresh()
 
-    def _park(self) -> None:
+    def _park(self, why: str = "owner gone, no reference, no replay or reconcile possible") -> None:
         self.store.park(self.subject, self.step, self.row.epoch)
         self._refresh()
-        raise self._in_doubt(self.row, "owner gone, no reference, no replay or reconcile possible")
+        raise self._in_doubt(self.row, why)
 
     def _in_doubt(self, row: FenceRow, why: str) -> InDoubt:
         return InDoubt(f"{self._where()} is in doubt ({why}); provider key {row.provider_key}, "
@@ -212,6 +245,12 @@ class Core:
 
 
 _LOST_RACE: Final = object()
+
+
+def _seconds_between(then: datetime, now: datetime) -> float:
+    if (now.tzinfo is None) != (then.tzinfo is None):  # SQLite gives naive UTC times, the others aware ones
+        now, then = now.replace(tzinfo=None), then.replace(tzinfo=None)
+    return (now - then).total_seconds()
 
 
 def _as_reference(value: Any) -> str:

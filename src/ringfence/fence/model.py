@@ -38,6 +38,8 @@ class Owner:
     batch). ``alive(job_id, token)`` asks the broker whether that attempt's lease is still live; without it the fence
     falls back to its own ``lease_until`` (database clock), set ``lease_s`` ahead. ``settle_only``: the job's
     attempts are used up by orphaned runs; this last run may settle steps in doubt but never start an effect.
+    ``deadline``/``budget_s``: when this attempt is stopped and how long an attempt may run; a ``reconcile``
+    hook starts only if its ``reconcile_timeout_s`` fits before the deadline.
     """
 
     job_id: str
@@ -46,6 +48,8 @@ class Owner:
     alive: Callable[[str, str], bool] | None = None
     observe: Callable[[str, str], None] | None = None  # (step, outcome): captured, skipped_done, resumed
     settle_only: bool = False  # a settling run: in-doubt rules and completion only, no new effect
+    deadline: float | None = None  # time.monotonic() when this attempt is stopped (the job's timeout)
+    budget_s: float | None = None  # an attempt's whole time (the job's timeout)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ReconcileTimeout
 from .core import RECONCILE, Core, NotHappened
 from .model import FenceBackend, Owner
 from .offloop import call_off_loop
@@ -46,6 +46,10 @@ class StepOptions:
       database clock) has not passed. Stripe: 24 h; PayPal Orders: 6 h by default.
     - ``reconcile(key, request)``: look the effect up at the provider; return its reference
       (adopt it), ``NOT_HAPPENED`` (safe to call again) or ``None`` (unknown → park).
+    - ``reconcile_timeout_s``: the hook's time bound (default: 30 s or half the job's timeout, the shorter).
+      The hook starts only if the bound fits before the attempt is stopped, else ``ReconcileTimeout`` (a
+      failed attempt; the step stays calling); a bound longer than the job's timeout parks the step. An
+      ``async with`` stops waiting for the hook at the bound (``ReconcileTimeout``).
     - ``retention_s``: delete the completed row after this long; ``None`` keeps it forever
       (always for money).
     """
@@ -55,6 +59,7 @@ class StepOptions:
     key_window_s: float | None = None
     reconcile: Reconcile | None = None
     retention_s: float | None = None
+    reconcile_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -62,6 +67,8 @@ class StepOptions:
             problems.append("provider_dedup=True needs key_window_s (the provider's key window)")
         if self.key_window_s is not None and self.key_window_s <= 0:
             problems.append(f"key_window_s must be > 0, got {self.key_window_s}")
+        if self.reconcile_timeout_s is not None and self.reconcile_timeout_s <= 0:
+            problems.append(f"reconcile_timeout_s must be > 0, got {self.reconcile_timeout_s}")
         if self.retention_s is not None and self.retention_s <= 0:
             problems.append(f"retention_s must be > 0 or None, got {self.retention_s}")
         if problems:
@@ -84,10 +91,10 @@ class Fences:
 
     def open(self, subject: str, step: str, *, params: Any = None, provider_dedup: bool = False,
              key_window_s: float | None = None, reconcile: Reconcile | None = None,
-             retention_s: float | None = None) -> FenceContext:
+             retention_s: float | None = None, reconcile_timeout_s: float | None = None) -> FenceContext:
         """A fence on (subject, step), entered with ``with`` or ``async with``."""
         opts = StepOptions(params=params, provider_dedup=provider_dedup, key_window_s=key_window_s,
-                           reconcile=reconcile, retention_s=retention_s)
+                           reconcile=reconcile, retention_s=retention_s, reconcile_timeout_s=reconcile_timeout_s)
         return FenceContext(Core(self.store, self.owner, subject, step, opts))
 
 
@@ -115,7 +122,7 @@ class FenceContext:
         core = self._core
         # Store calls are blocking I/O: keep them off the event loop.
         if await asyncio.to_thread(core.enter) is RECONCILE:
-            answer = await call_off_loop(core.opts.reconcile, core.key, core.request) if core.opts.reconcile else None
+            answer = await _bounded_hook(core)
             await asyncio.to_thread(core.apply_reconcile, answer)
         return AsyncStep(core)
 
@@ -223,6 +230,19 @@ class AsyncStep(_StepView):
         async with core.store.acompletion(db, core.subject, core.step, *core.completion_args(result)) as conn:
             yield conn
         core.completed = True
+
+
+async def _bounded_hook(core: Core) -> Any:
+    """The reconcile hook off the loop (the heartbeat keeps renewing the lease), stopped waiting for at its bound."""
+    hook, bound = core.opts.reconcile, core.hook_bound()
+    if hook is None:
+        return None
+    try:
+        async with asyncio.timeout(bound):
+            return await call_off_loop(hook, core.key, core.request)
+    except TimeoutError:
+        raise ReconcileTimeout(f"fence {core.subject!r}/{core.step!r}: the reconcile hook did not answer within "
+                               f"reconcile_timeout_s={bound:g}s; the step stays calling") from None
 
 
 def _close(awaitable: Any) -> None:

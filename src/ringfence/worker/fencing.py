@@ -30,7 +30,7 @@ class Fencing:
     def owner(self, ctx: JobContext) -> Owner:
         # The fence's own lease is the fallback when the broker cannot answer: it covers the job's timeout.
         return Owner(ctx.id, ctx.token, lease_s=ctx.timeout_s + self.settings.lease_s, alive=self.alive,
-                     observe=self.observe, settle_only=ctx.settling)
+                     observe=self.observe, settle_only=ctx.settling, deadline=ctx.deadline, budget_s=ctx.timeout_s)
 
     def sql(self, ctx: JobContext) -> Fences:
         return Fences(self.app.fence_store, self.owner(ctx))

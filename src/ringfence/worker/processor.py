@@ -211,7 +211,7 @@ class Processor:
             id=job.id, task=task.name, queue=job.queue, attempt=job.attempt,
             max_attempts=spec.max_attempts or task.options.retry.max_attempts,
             enqueued_ms=spec.enqueued_ms, token=job.token, timeout_s=timeout_s, fencing=self.fencing,
-            settling=settling,
+            settling=settling, deadline=r.started + timeout_s,
         )
         try:
             await self._call(r, task, ctx, args, kwargs, timeout_s)
