@@ -81,7 +81,8 @@ def test_in_doubt_without_dedup_parks_then_a_person_resolves(fapp, spawn_worker,
     wait_until(lambda: fapp.app.broker.queue_counts("default")["dead"] == 1, timeout=40)
     n, ref, row = state(fapp, 1)
     assert n == 1 and ref is None and str(row.state) == "in_doubt"  # never re-executed blindly
-    [durable] = wait_until(lambda: fapp.app.failed_jobs.unreplayed([job]), timeout=10)  # written after Redis
+    # The row follows the Redis dead-letter (worker/durable.py).
+    [durable] = wait_until(lambda: fapp.app.failed_jobs.unreplayed([job]), timeout=20)
     assert durable["reason"] == "in_doubt" and durable["queue"] == "default"
     env = {"RINGFENCE_APP": "fenceapp:app", "FENCE_URL": fence_url}
     subject = f"{fapp.ns}:order:1"
@@ -109,6 +110,7 @@ def test_replay_from_failed_jobs_after_redis_lost_everything(fapp, spawn_worker,
 
     job = run_with_kill(fapp, spawn_worker, fence_url, fapp.charge_strict, "after_effect")
     wait_until(lambda: fapp.app.broker.queue_counts("default")["dead"] == 1, timeout=40)
+    wait_until(lambda: fapp.app.failed_jobs.unreplayed([job]), timeout=20)  # written right after the Redis copy
     # Redis loses its data (no persistence, a flush, a failover).
     keys = list(rdb.scan_iter(f"{fapp.ns}:*"))
     rdb.delete(*keys)
@@ -139,7 +141,7 @@ def test_same_key_different_params_is_a_conflict(fapp, spawn_worker, fence_url) 
     wait_until(lambda: fapp.app.broker.queue_counts("default")["stats"].get("processed") == 1, timeout=30)
     conflicting = fapp.charge_dedup.enqueue(order_id=3, amount=999)
     wait_until(lambda: fapp.app.broker.queue_counts("default")["dead"] == 1, timeout=30)
-    [d] = wait_until(lambda: fapp.app.failed_jobs.unreplayed([conflicting]), timeout=10)  # written after Redis
+    [d] = wait_until(lambda: fapp.app.failed_jobs.unreplayed([conflicting]), timeout=20)
     assert d["reason"] == "permanent" and "FenceConflict" in d["error"]
     n, _, row = state(fapp, 3)
     assert n == 1 and row.params_hash and str(row.state) == "completed"

@@ -82,6 +82,7 @@ async def test_paused_queue_keeps_its_jobs_until_resumed(make_app) -> None:
         done.append(n)
 
     env = {"RINGFENCE_REDIS_URL": app.redis_url, "RINGFENCE_NAMESPACE": app.namespace}
+    app.broker.register_queues(["default"])  # pause refuses a queue the namespace never used (a typo)
     assert CliRunner().invoke(cli, ["queue", "pause", "default"], env=env).exit_code == 0
     app.enqueue_many(t, [{"n": i} for i in range(5)])
     await run_until(app, lambda: True)

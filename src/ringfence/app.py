@@ -165,7 +165,7 @@ class App:
                 if self._failed_jobs is None:
                     from ringfence.fence.failed import FailedJobs
 
-                    failed = FailedJobs(engine)
+                    failed = FailedJobs(engine, namespace=self.namespace)
                     if engine.dialect.name == "sqlite":
                         failed.create_all()
                     self._failed_jobs = failed

@@ -2,7 +2,8 @@
 
 A fault point is a named place in the fence protocol where a crash matters
 (``after_capture``, ``after_calling``, ``after_effect``, ``after_record``,
-``before_commit``). Two ways to fire one:
+``before_commit``), or in the worker (``after_dead_letter``: between the Redis dead-letter and the
+failed_jobs row). Two ways to fire one:
 
 - the environment: ``RINGFENCE_FAULTS="after_effect"`` SIGKILLs the process the
   first time it reaches that point; ``"after_effect:0.3,before_commit"`` kills at
@@ -36,6 +37,8 @@ ENV = "RINGFENCE_FAULTS"
 
 #: Every fault point the fence protocol calls, in protocol order.
 POINTS = ("after_capture", "after_calling", "after_effect", "after_record", "before_commit")
+#: The worker's own fault points.
+WORKER_POINTS = ("after_dead_letter",)
 
 _hooks: list[Callable[[str], None]] = []
 _lock = threading.Lock()

@@ -55,7 +55,9 @@ class Group(click.Group):
 
 
 @click.group(cls=Group)
-@click.option("--log-level", default="INFO", envvar="RINGFENCE_LOG_LEVEL", show_default=True)
+@click.version_option(package_name="ringfence", prog_name="ringfence")
+@click.option("--log-level", default="INFO", envvar="RINGFENCE_LOG_LEVEL", show_default=True,
+              help="DEBUG, INFO, WARNING or ERROR (env RINGFENCE_LOG_LEVEL)")
 @click.option("--log-json/--log-text", default=None, help="one JSON object per log line (env RINGFENCE_LOG_JSON)")
 @click.option("--debug", is_flag=True, envvar="RINGFENCE_DEBUG", help="print the traceback of an error too")
 def main(log_level: str, log_json: bool | None, debug: bool) -> None:

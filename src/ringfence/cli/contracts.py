@@ -19,7 +19,8 @@ def contracts() -> None:
 
 @contracts.command("freeze")
 @app_option
-@click.option("--dir", "folder", type=click.Path(path_type=Path), default=DEFAULT_DIR, show_default=True)
+@click.option("--dir", "folder", type=click.Path(path_type=Path), default=DEFAULT_DIR, show_default=True,
+              help="folder of the frozen sample payloads")
 @click.option("--force", is_flag=True, help="rewrite samples of the current versions too")
 def freeze_cmd(app: App, folder: Path, force: bool) -> None:
     """Write one sample per task for its current version (old versions' samples are kept forever)."""
@@ -31,7 +32,8 @@ def freeze_cmd(app: App, folder: Path, force: bool) -> None:
 
 @contracts.command("check")
 @app_option
-@click.option("--dir", "folder", type=click.Path(path_type=Path), default=DEFAULT_DIR, show_default=True)
+@click.option("--dir", "folder", type=click.Path(path_type=Path), default=DEFAULT_DIR, show_default=True,
+              help="folder of the frozen sample payloads")
 def check_cmd(app: App, folder: Path) -> None:
     """Decode every frozen sample with the current code; exit 2 naming each one that broke."""
     checked, problems = check(app, folder)

@@ -27,14 +27,39 @@ def filters(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _select(app: App, ids: tuple[str, ...], all_: bool, **flt: str | None) -> list[DeadJob]:
+    """The dead jobs named by ids or matched by the filters: in Redis, then those only in the failed_jobs
+    table (Redis lost them). Refuses an id found in neither."""
     _require_selection(ids, all_, **flt)
     if ids:
-        found = [inspect.find_dead(app.broker, i) for i in ids]
-        missing = [i for i, j in zip(ids, found, strict=True) if j is None]
-        if missing:
-            raise ConfigError(f"not in dead-letter: {', '.join(missing)}")
-        return [j for j in found if j is not None]
-    return inspect.dead_jobs(app.broker, inspect.DeadFilter(**flt))
+        found = [j for j in (inspect.find_dead(app.broker, i) for i in ids) if j is not None]
+    else:
+        found = inspect.dead_jobs(app.broker, inspect.DeadFilter(**flt))
+    found += _sql_only(app, inspect.DeadFilter(**flt), ids, {j.id for j in found})
+    missing = [i for i in ids if i not in {j.id for j in found}]
+    if missing:
+        raise ConfigError(f"not in dead-letter: {', '.join(missing)}")
+    return found
+
+
+def _sql_only(app: App, flt: inspect.DeadFilter, ids: tuple[str, ...] = (), seen: set[str] | None = None,
+              limit: int | None = None) -> list[DeadJob]:
+    """Dead jobs kept only in the failed_jobs table of this namespace (not replayed, not in Redis)."""
+    failed = app.failed_jobs
+    if failed is None:
+        return []
+    from ringfence.fence.failed import as_dead_job
+
+    rows = [r for r in failed.unreplayed(list(ids) if ids else None) if r["job_id"] not in (seen or set())]
+    jobs = [as_dead_job(r) for r in rows]
+    if not ids:
+        jobs = [j for j in jobs if flt.matches(j) and (not flt.queue or j.queue == flt.queue)]
+    out: list[DeadJob] = []
+    for queue in sorted({j.queue for j in jobs}):
+        of_queue = [j for j in jobs if j.queue == queue]
+        present = app.broker.dead_present(queue, [j.id for j in of_queue])
+        out += [j for j, p in zip(of_queue, present, strict=True) if not p]
+    out.sort(key=lambda j: -j.died_ms)
+    return out[:limit] if limit is not None else out
 
 
 def _require_selection(ids: tuple[str, ...], all_: bool, **flt: str | None) -> None:
@@ -50,15 +75,19 @@ def dead() -> None:
 @dead.command("list")
 @app_option
 @filters
-@click.option("--limit", default=50, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--limit", default=50, show_default=True, help="at most this many jobs")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
 def list_(app: App, limit: int, as_json: bool, **flt: str | None) -> None:
-    jobs = inspect.dead_jobs(app.broker, inspect.DeadFilter(**flt), limit)
+    """Dead jobs, newest first; with a fence database also those only in its failed_jobs table (marked)."""
+    f = inspect.DeadFilter(**flt)
+    jobs = inspect.dead_jobs(app.broker, f, limit)
+    if len(jobs) < limit:
+        jobs += _sql_only(app, f, seen={j.id for j in jobs}, limit=limit - len(jobs))
     if as_json:
         print_json([j.to_dict() for j in jobs])
         return
-    rows = [{"id": j.id + (" (malformed)" if j.malformed else ""), "queue": j.queue, "task": j.task,
-             "reason": j.reason, "attempts": j.attempts,
+    rows = [{"id": j.id + (" (malformed)" if j.malformed else "") + (" (sql only)" if j.source == "sql" else ""),
+             "queue": j.queue, "task": j.task, "reason": j.reason, "attempts": j.attempts,
              "died": datetime.fromtimestamp(j.died_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S"),
              "error": j.error[:60]} for j in jobs]
     print_table("dead jobs (newest first)", rows, ["id", "queue", "task", "reason", "attempts", "died", "error"])
@@ -68,7 +97,11 @@ def list_(app: App, limit: int, as_json: bool, **flt: str | None) -> None:
 @app_option
 @click.argument("job_id")
 def show(app: App, job_id: str) -> None:
+    """One dead job as JSON (``"source": "sql"`` when only the failed_jobs table has it)."""
     job = inspect.find_dead(app.broker, job_id)
+    if job is None:
+        found = _sql_only(app, inspect.DeadFilter(), (job_id,))
+        job = found[0] if found else None
     if job is None:
         raise ConfigError(f"not in dead-letter: {job_id}")
     print_json(job.to_dict())
@@ -84,75 +117,78 @@ def replay(app: App, ids: tuple[str, ...], all_: bool, **flt: str | None) -> Non
 
     With a fence database configured, jobs found only in its failed_jobs table (Redis lost them) are
     enqueued again from there."""
-    _require_selection(ids, all_, **flt)
-    if ids:
-        in_redis = [j for j in (inspect.find_dead(app.broker, i) for i in ids) if j is not None]
-    else:
-        in_redis = inspect.dead_jobs(app.broker, inspect.DeadFilter(**flt))
-    malformed = [j.id for j in in_redis if j.malformed]
+    jobs = _select(app, ids, all_, **flt)
+    in_redis = [j for j in jobs if j.source == "redis" and not j.malformed]
+    malformed = [j.id for j in jobs if j.malformed]
     done: list[str] = []
-    for queue in sorted({j.queue for j in in_redis}):
-        ids_ = [j.id for j in in_redis if j.queue == queue and not j.malformed]
-        for start in range(0, len(ids_), BATCH):  # bounded script calls, whatever the dead-letter's size
-            replayed: list[str] = app.broker.run(app.broker.replay(queue, ids_[start:start + BATCH]))
-            done.extend(replayed)
-    seen = {j.id for j in in_redis}
+    for queue, batch in _batches(in_redis):  # bounded script calls, whatever the dead-letter's size
+        replayed: list[str] = app.broker.run(app.broker.replay(queue, batch))
+        done.extend(replayed)
     restored = 0
-    for row in _durable_rows(app, ids, all_, **flt):
-        if row["job_id"] in seen:
-            continue
-        seen.add(row["job_id"])
-        queue, job_id = row["queue"], row["job_id"]
-        if app.broker.run(app.broker.enqueue(queue, [(job_id, orjson.dumps(row["payload"]), 0)]))[0]:
+    sql_only = {j.id: j for j in jobs if j.source == "sql"}
+    failed = app.failed_jobs
+    if sql_only and failed is not None:
+        payloads = {r["job_id"]: r["payload"] for r in failed.unreplayed(list(sql_only))}
+        for queue, batch in _batches(list(sql_only.values())):
+            specs = [(i, orjson.dumps(payloads[i]), 0) for i in batch if i in payloads]
+            added = app.broker.run(app.broker.enqueue(queue, specs))
             app.broker.register_queues([queue])
-            done.append(job_id)
-            restored += 1
-    if app.failed_jobs is not None:
-        app.failed_jobs.mark_replayed(done)
-    missing = [i for i in ids if i not in seen]
+            restored_ids = [spec[0] for spec, ok in zip(specs, added, strict=True) if ok is True]
+            done.extend(restored_ids)
+            restored += len(restored_ids)
+    if failed is not None:
+        for start in range(0, len(done), BATCH):
+            failed.mark_replayed(done[start:start + BATCH])
     note = f" ({restored} restored from the failed_jobs table)" if restored else ""
     click.echo(f"replayed {len(done)} job(s){note}")
     if malformed:
         click.echo(f"not replayed, malformed record(s) (see `ringfence dead show ID`, remove with "
                    f"`ringfence dead delete ID`): {' '.join(malformed[:20])}", err=True)
-    if missing:
-        raise ConfigError(f"not in dead-letter: {', '.join(missing)}")
 
 
-def _durable_rows(app: App, ids: tuple[str, ...], all_: bool, **flt: str | None) -> list[dict[str, Any]]:
-    """failed_jobs rows (not replayed yet) matching the selection; empty without a fence database."""
-    failed = app.failed_jobs
-    if failed is None:
-        return []
-    from ringfence.fence.failed import as_dead_job
-
-    rows = failed.unreplayed(list(ids) if ids else None)
-    f = inspect.DeadFilter(**flt)
-    return [r for r in rows if (ids or all_ or f.matches(as_dead_job(r))) and (not f.queue or r["queue"] == f.queue)]
+def _batches(jobs: list[DeadJob]) -> list[tuple[str, list[str]]]:
+    """(queue, up to BATCH ids) groups: one script call each."""
+    out: list[tuple[str, list[str]]] = []
+    for queue in sorted({j.queue for j in jobs}):
+        ids_ = [j.id for j in jobs if j.queue == queue]
+        out += [(queue, ids_[start:start + BATCH]) for start in range(0, len(ids_), BATCH)]
+    return out
 
 
 @dead.command()
 @app_option
 @click.argument("ids", nargs=-1)
 @filters
-@click.option("--all", "all_", is_flag=True)
+@click.option("--all", "all_", is_flag=True, help="every dead job (of --queue if given)")
 def delete(app: App, ids: tuple[str, ...], all_: bool, **flt: str | None) -> None:
-    """Delete dead jobs for good."""
+    """Delete dead jobs for good: from Redis and from the failed_jobs table."""
     jobs = _select(app, ids, all_, **flt)
-    done = 0
-    for queue in sorted({j.queue for j in jobs}):
-        ids_ = [j.id for j in jobs if j.queue == queue]
-        for start in range(0, len(ids_), BATCH):
-            done += app.broker.run(app.broker.delete_dead(queue, ids_[start:start + BATCH]))
-    click.echo(f"deleted {done} job(s)")
+    for queue, batch in _batches([j for j in jobs if j.source == "redis"]):
+        app.broker.run(app.broker.delete_dead(queue, batch))
+    failed = app.failed_jobs
+    if failed is not None:
+        every = [j.id for j in jobs]
+        for start in range(0, len(every), BATCH):
+            failed.delete(every[start:start + BATCH])
+    click.echo(f"deleted {len({j.id for j in jobs})} job(s)")
 
 
 @dead.command()
 @app_option
-@click.option("--older-than-days", type=float, required=True, help="delete dead jobs older than this")
+@click.option("--older-than-days", type=float, required=True, help="delete dead jobs older than this (>= 0)")
 def prune(app: App, older_than_days: float) -> None:
-    """Explicit retention: delete dead jobs older than N days (nothing is dropped unless you run this)."""
+    """Explicit retention: delete dead jobs older than N days, in Redis and in the failed_jobs table
+    (nothing is dropped unless you run this)."""
+    if not older_than_days >= 0:  # also refuses NaN
+        raise ConfigError(f"--older-than-days {older_than_days:g} must be >= 0")
+    age_ms = int(older_than_days * 86_400_000)
     total = 0
     for queue in app.broker.queues():
-        total += app.broker.run(app.broker.delete_dead(queue, older_than_ms=int(older_than_days * 86_400_000)))
-    click.echo(f"deleted {total} job(s)")
+        while True:
+            n = app.broker.run(app.broker.delete_dead(queue, older_than_ms=age_ms, limit=BATCH))
+            total += n
+            if n < BATCH:
+                break
+    failed = app.failed_jobs
+    rows = failed.prune(older_than_days * 86_400) if failed is not None else 0
+    click.echo(f"deleted {total} job(s)" + (f" ({rows} failed_jobs row(s))" if failed is not None else ""))

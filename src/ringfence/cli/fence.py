@@ -41,16 +41,23 @@ def fence() -> None:
 @fence.command()
 @app_option
 def init(app: App) -> None:
-    """Create the fence and failed_jobs tables if missing."""
+    """Create the fence and failed_jobs tables if missing, and upgrade a failed_jobs table from before
+    namespaces (adds the namespace column; rows without one are given this app's namespace)."""
     from ringfence.fence import create_all
+    from ringfence.fence.failed import FailedJobs
 
     engine = require_fence_store(app).engine
     create_all(engine)
+    added, assigned = FailedJobs(engine, namespace=app.namespace).upgrade(assign_unowned=True)
+    if added or assigned:
+        click.echo(f"failed_jobs: {'added the namespace column; ' if added else ''}"
+                   f"{assigned} row(s) without a namespace now belong to namespace {app.namespace}")
     click.echo(f"fence tables ready in {engine.url.render_as_string(hide_password=True)}")
 
 
 @fence.command()
-@click.option("--dialect", type=click.Choice(["postgresql", "mysql", "sqlite"]), required=True)
+@click.option("--dialect", type=click.Choice(["postgresql", "mysql", "mariadb", "sqlite"]), required=True,
+              help="the database the statements are for")
 def ddl(dialect: str) -> None:
     """Print the CREATE TABLE statements (for Alembic or hand-run migrations)."""
     from ringfence.fence import ddl as make_ddl
@@ -61,10 +68,11 @@ def ddl(dialect: str) -> None:
 @fence.command("list")
 @app_option
 @click.option("--state", default=None, help="claimed, calling, effected, completed, in_doubt")
-@click.option("--subject", default=None)
-@click.option("--limit", default=100, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--subject", default=None, help="only this subject, e.g. order:42")
+@click.option("--limit", default=100, show_default=True, help="at most this many rows")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
 def list_(app: App, state: str | None, subject: str | None, limit: int, as_json: bool) -> None:
+    """Fence rows, latest first."""
     rows = [_row(r) for r in require_fence_store(app).list(state=state, subject=subject, limit=limit)]
     if as_json:
         print_json(rows)
@@ -78,6 +86,7 @@ def list_(app: App, state: str | None, subject: str | None, limit: int, as_json:
 @click.argument("subject")
 @click.argument("step")
 def show(app: App, subject: str, step: str) -> None:
+    """One fence row as JSON (state, epoch, owner, reference, request and result)."""
     row = require_fence_store(app).get(subject, step)
     if row is None:
         raise ConfigError(f"no fence {subject!r}/{step!r}")

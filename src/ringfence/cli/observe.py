@@ -49,7 +49,8 @@ def effects_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("--effects", "effects", metavar="FILE|TABLE",
                   help="the provider's records: a CSV export (subject[,reference][,provider_key]) or a table name")
     @click.option("--effects-table", metavar="NAME", help="a table of provider callbacks in the fence database")
-    @click.option("--subject-column", default="subject", show_default=True)
+    @click.option("--subject-column", default="subject", show_default=True,
+                  help="the column (or CSV field) holding the subject")
     @click.option("--reference-column", default=None, help="the provider's id of the effect")
     @click.option("--key-column", default=None, help="the idempotency key the effect was sent with")
     @click.option("--subject-template", default="{}", show_default=True,
@@ -108,7 +109,7 @@ def doctor(app: App, as_json: bool, step: str | None, thresholds: Thresholds,
 
 @main.command()
 @app_option
-@click.option("--interval-s", type=float, default=15.0, show_default=True)
+@click.option("--interval-s", type=float, default=15.0, show_default=True, help="seconds between evaluations")
 @click.option("--webhook-url", envvar="RINGFENCE_ALERT_WEBHOOK", default=None,
               help="POST each alert as JSON here (env RINGFENCE_ALERT_WEBHOOK)")
 @click.option("--iterations", type=int, default=None, help="stop after N evaluations (default: run until ^C)")
@@ -127,8 +128,8 @@ def watch(app: App, interval_s: float, webhook_url: str | None, iterations: int 
 
 @main.command()
 @app_option
-@click.option("--port", type=int, default=9108, show_default=True)
-@click.option("--addr", default="0.0.0.0", show_default=True)
+@click.option("--port", type=int, default=9108, show_default=True, help="HTTP port of /metrics")
+@click.option("--addr", default="0.0.0.0", show_default=True, help="address to bind (127.0.0.1: this host only)")
 def exporter(app: App, port: int, addr: str) -> None:
     """Serve the namespace's queue gauges on /metrics for Prometheus."""
     from ringfence.metrics import serve_exporter
@@ -144,7 +145,8 @@ def exporter(app: App, port: int, addr: str) -> None:
 @main.command(name="reconcile")
 @app_option
 @click.option("--step", required=True, help="the fence step, e.g. charge")
-@click.option("--in-doubt-older-than-min", type=float, default=30.0, show_default=True)
+@click.option("--in-doubt-older-than-min", type=float, default=30.0, show_default=True,
+              help="report in-doubt fences older than this")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 @effects_options
 def reconcile_cmd(app: App, step: str, in_doubt_older_than_min: float, as_json: bool,

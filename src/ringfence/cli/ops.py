@@ -12,6 +12,8 @@ from rich.table import Table
 from ringfence import inspect
 from ringfence.app import App
 from ringfence.cli import app_option, main
+from ringfence.errors import ConfigError
+from ringfence.settings import check_name
 
 
 def print_json(data: Any) -> None:
@@ -74,11 +76,22 @@ def queue() -> None:
     """Pause or resume a queue (a paused queue keeps its jobs)."""
 
 
+def _known_queue(app: App, name: str) -> str:
+    """Refuse a malformed name or a queue this namespace has never used (a typo would pause nothing)."""
+    check_name("queue", name)
+    known = set(app.broker.queues()) | set(app.registry.queues())
+    if name not in known:
+        listed = ", ".join(sorted(known)) or "none"
+        raise ConfigError(f"no queue {name!r} in namespace {app.namespace}; known: {listed}")
+    return name
+
+
 @queue.command()
 @app_option
 @click.argument("name")
 def pause(app: App, name: str) -> None:
-    app.broker.set_paused(name, True)
+    """Stop workers fetching from queue NAME (running jobs finish; queued jobs wait)."""
+    app.broker.set_paused(_known_queue(app, name), True)
     click.echo(f"paused {name}")
 
 
@@ -86,5 +99,6 @@ def pause(app: App, name: str) -> None:
 @app_option
 @click.argument("name")
 def resume(app: App, name: str) -> None:
-    app.broker.set_paused(name, False)
+    """Let workers fetch from queue NAME again."""
+    app.broker.set_paused(_known_queue(app, name), False)
     click.echo(f"resumed {name}")

@@ -13,17 +13,21 @@ from ringfence.errors import ConfigError
 
 @main.command()
 @app_option
-@click.option("--queues", "-q", default=None, help="name=weight,...  e.g. critical=6,default=3,low=1")
+@click.option("--queues", "-q", default=None,
+              help="name=weight,...  e.g. critical=6,default=3,low=1 (default: only the queues the app's tasks "
+                   "declare, weight 1 each)")
 @click.option("--concurrency", "-c", default=10, show_default=True, help="jobs run at once per process")
 @click.option("--processes", "-p", default=1, show_default=True, help="worker processes under one supervisor")
 @click.option("--strict", is_flag=True, help="serve queues in the order given instead of by weight")
 @click.option("--max-wait", default=None, help="starvation bounds, queue=seconds,...: served first once exceeded")
 @click.option("--scheduler", is_flag=True, help="also run the cron scheduler of the app's periodic tasks")
 @click.option("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="address /metrics binds (0.0.0.0: every interface, e.g. for a scraper on another host)")
 @click.option("--alerts/--no-alerts", default=True, show_default=True,
               help="evaluate alert rules (one worker at a time holds the evaluator lease)")
 def worker(app: App, queues: str | None, concurrency: int, processes: int, strict: bool, max_wait: str | None,
-           scheduler: bool, metrics_port: int | None, alerts: bool) -> None:
+           scheduler: bool, metrics_port: int | None, metrics_host: str, alerts: bool) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal exits at once)."""
     from ringfence.worker.supervisor import supervise
     from ringfence.worker.worker import parse_max_wait, parse_queues, run_worker
@@ -37,7 +41,7 @@ def worker(app: App, queues: str | None, concurrency: int, processes: int, stric
         sys.exit(supervise([child_command(ctx, slot) for slot in range(processes)]))
     sys.exit(run_worker(app, parsed, concurrency=concurrency, strict=strict,
                         max_wait=parse_max_wait(max_wait) if max_wait else None, scheduler=scheduler,
-                        metrics_port=metrics_port, alerts=alerts))
+                        metrics_port=metrics_port, alerts=alerts, metrics_host=metrics_host))
 
 
 def child_command(ctx: click.Context, slot: int) -> list[str]:
@@ -71,8 +75,9 @@ def _option_args(option: click.Option, value: object) -> list[str]:
 
 @main.command()
 @app_option
-@click.option("--interval", default=1.0, show_default=True, help="seconds between checks")
-def scheduler(app: App, interval: float) -> None:
+@click.option("--interval-s", type=float, default=1.0, show_default=True, help="seconds between checks")
+@click.option("--interval", "interval_old", type=float, default=None, hidden=True)  # the old spelling
+def scheduler(app: App, interval_s: float, interval_old: float | None) -> None:
     """Enqueue the app's periodic tasks on their cron schedules (run as many as you like: ticks run once)."""
     import asyncio
     import signal
@@ -84,7 +89,7 @@ def scheduler(app: App, interval: float) -> None:
         raise ConfigError("the app declares no @app.periodic tasks")
 
     async def run() -> None:
-        loop = SchedulerLoop(Scheduler(app), interval)
+        loop = SchedulerLoop(Scheduler(app), interval_old if interval_old is not None else interval_s)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)

@@ -84,6 +84,7 @@ def failed_jobs_table(metadata: MetaData, name: str = FAILED_JOBS_TABLE) -> Tabl
         metadata,
         Column("id", BigId, primary_key=True, autoincrement=True),
         Column("job_id", String(255), nullable=False),
+        Column("namespace", String(255)),  # NULL only in rows written before the column existed
         Column("queue", String(255), nullable=False),
         Column("task", String(255), nullable=False),
         Column("payload", JSON, nullable=False),
@@ -95,6 +96,7 @@ def failed_jobs_table(metadata: MetaData, name: str = FAILED_JOBS_TABLE) -> Tabl
         Column("died_at", Timestamp, nullable=False),
         Column("replayed_at", Timestamp),
         Index(f"ix_{name}_job", "job_id"),
+        Index(f"ix_{name}_ns", "namespace", "job_id"),
         Index(f"ix_{name}_reason", "reason", "died_at"),
     )
 
@@ -127,9 +129,13 @@ def create_tables(metadata: MetaData, engine: Engine, *, attempts: int = 10) -> 
 
 def ddl(dialect: str, *, table_name: str = DEFAULT_TABLE, failed_jobs_name: str = FAILED_JOBS_TABLE) -> str:
     """CREATE TABLE / CREATE INDEX text for ``postgresql``, ``mysql``, ``mariadb`` or ``sqlite``."""
-    from sqlalchemy.dialects import registry
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import NoSuchModuleError
 
-    dia = registry.load(dialect)()
+    try:  # the URL's lookup: registry.load("mariadb") returns an instance on SQLAlchemy 2.1, a class before
+        dia = make_url(f"{dialect}://").get_dialect()()
+    except NoSuchModuleError as exc:
+        raise ValueError(f"ddl: unknown dialect {dialect!r}; use postgresql, mysql, mariadb or sqlite") from exc
     md = MetaData()
     out: list[str] = []
     for table in (fence_table(md, table_name), failed_jobs_table(md, failed_jobs_name)):

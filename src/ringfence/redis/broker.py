@@ -308,10 +308,20 @@ class Broker:
                     [job_id, token, at_ms, self.clock(), counter, k.wake], bool)
 
     def dead(self, queue: str, job_id: str, token: str, entry: dict[str, Any],
-             fields: dict[str, Any]) -> Call[bool]:
+             fields: dict[str, Any], durable: bool = False) -> Call[bool]:
+        """Move the job to dead-letter; ``durable``: a failed_jobs row is owed for it (``durable`` set)."""
         k = self.keys.queue(queue)
-        return Call("dead", [k.active, k.lease, k.jobs, k.attempts, k.history, k.dead, k.dead_jobs, k.stats],
-                    [job_id, token, self.clock(), orjson.dumps(entry), orjson.dumps(fields)], bool)
+        return Call("dead", [k.active, k.lease, k.jobs, k.attempts, k.history, k.dead, k.dead_jobs, k.stats,
+                             k.durable],
+                    [job_id, token, self.clock(), orjson.dumps(entry), orjson.dumps(fields), int(durable)], bool)
+
+    async def durable_owed(self, queue: str, before_ms: int, limit: int = 100) -> list[str]:
+        """Dead jobs (died before ``before_ms``) whose failed_jobs row is still owed."""
+        return _ids(await self.aio.zrangebyscore(self.keys.queue(queue).durable, "-inf", before_ms, 0, limit))
+
+    async def durable_done(self, queue: str, ids: Sequence[str]) -> None:
+        if ids:
+            await self.aio.zrem(self.keys.queue(queue).durable, *ids)
 
     def recover(self, queue: str, limit: int = 500) -> Call[list[str]]:
         k = self.keys.queue(queue)
@@ -450,6 +460,17 @@ class Broker:
         if not ids:
             return []
         raws: list[Any] = self.sync.hmget(self.keys.queue(queue).dead_jobs, list(ids))
+        return [(i, bytes(r)) for i, r in zip(ids, raws, strict=True) if r is not None]
+
+    def dead_present(self, queue: str, ids: Sequence[str]) -> list[bool]:
+        """Per id: is it in the queue's Redis dead-letter?"""
+        p = self.sync.pipeline(transaction=False)
+        for i in ids:
+            p.zscore(self.keys.queue(queue).dead, i)
+        return [score is not None for score in p.execute()] if ids else []
+
+    async def adead_records(self, queue: str, ids: Sequence[str]) -> list[tuple[str, bytes]]:
+        raws: list[Any] = await self.aio.hmget(self.keys.queue(queue).dead_jobs, list(ids)) if ids else []
         return [(i, bytes(r)) for i, r in zip(ids, raws, strict=True) if r is not None]
 
     def set_paused(self, queue: str, paused: bool) -> None:

@@ -20,6 +20,7 @@ class QueueKeys:
     history: str     # hash: id -> JSON list of failed attempts
     dead: str        # zset: id -> died ms
     dead_jobs: str   # hash: id -> dead record JSON
+    durable: str     # zset: id -> died ms, dead jobs whose failed_jobs row is still owed (worker/durable.py)
     stats: str       # hash: processed, failed, retried, dead, orphaned, ... counters
     idle: str        # zset: worker id -> ms until which it sleeps waiting for a wake-up
     paused: str      # string: exists while the queue is paused
@@ -69,6 +70,7 @@ class Keys:
                 history=f"{p}:history",
                 dead=f"{p}:dead",
                 dead_jobs=f"{p}:dead_jobs",
+                durable=f"{p}:durable",
                 stats=f"{p}:stats",
                 idle=f"{p}:idle",
                 paused=f"{p}:paused",

@@ -11,7 +11,7 @@ from typing import Any
 from ringfence.app import App
 from ringfence.errors import FencedOut
 from ringfence.fence import FenceRow, Fences, FenceState, Owner
-from ringfence.models import DeadJob, Fetched
+from ringfence.models import Fetched
 from ringfence.redis.broker import Broker
 from ringfence.settings import WorkerSettings
 from ringfence.tasks import JobContext
@@ -41,17 +41,6 @@ class Fencing:
     def alive(self, job_id: str, token: str) -> bool:
         """Does attempt ``token`` of job ``job_id`` still hold a live lease, in any queue?"""
         return any(self.broker.lease_alive(q, job_id, token) for q in self.broker.queues())
-
-    async def record_dead(self, dead: DeadJob, spec: dict[str, Any]) -> None:
-        """Keep the dead job in the application's database too (durable dead-letter)."""
-        failed = self.app.failed_jobs
-        if failed is None:
-            return
-        try:
-            await asyncio.to_thread(failed.record, dead, spec)
-        except Exception:
-            log.exception("job %s: writing it to the failed_jobs table failed; it stays in Redis dead-letter",
-                          dead.id)
 
     # -- a job that leaves the queue while it owns a step past capture --------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -54,11 +55,13 @@ class DeadRetention(Loop):
 
     name = "dead-retention"
 
-    def __init__(self, broker: Broker, queues: QueueSet, retention_s: float, interval_s: float = 60.0) -> None:
+    def __init__(self, broker: Broker, queues: QueueSet, retention_s: float, interval_s: float = 60.0,
+                 failed_jobs: Any = None) -> None:
         super().__init__(interval_s)
         self.broker = broker
         self.queues = queues
         self.retention_ms = int(retention_s * 1000)
+        self.failed_jobs = failed_jobs  # the durable copy is pruned alike, so a replay cannot bring them back
 
     async def tick(self) -> None:
         for queue in await self.queues.names():
@@ -66,6 +69,10 @@ class DeadRetention(Loop):
             if gone:
                 log.info("dead-letter retention: deleted %d job(s) of queue %s older than %gs", gone, queue,
                          self.retention_ms / 1000)
+        if self.failed_jobs is not None:
+            rows = await asyncio.to_thread(self.failed_jobs.prune, self.retention_ms / 1000)
+            if rows:
+                log.info("dead-letter retention: deleted %d failed_jobs row(s)", rows)
 
 
 class Promoter(Loop):

@@ -16,6 +16,7 @@ import orjson
 
 from ringfence.app import App
 from ringfence.errors import BadRecord, PayloadError, PayloadTooNew
+from ringfence.faults import fault_point
 from ringfence.logs import JobLogger, job_logger
 from ringfence.metrics import Metrics
 from ringfence.models import DeadJob, Fetched, JobSpec
@@ -25,6 +26,7 @@ from ringfence.redis.waker import Waker
 from ringfence.settings import WorkerSettings
 from ringfence.tasks import JobContext, Task
 from ringfence.worker.calls import JobTimeout, call_async, call_sync
+from ringfence.worker.durable import write_row
 from ringfence.worker.fencing import Fencing
 from ringfence.worker.gates import Gates
 from ringfence.worker.outcomes import Outcome, Running, classify, dependency_ok, fence_outcome, weighted_order
@@ -62,6 +64,7 @@ class Processor:
         self.max_wait = max_wait or {}   # queue -> starvation bound (s): served first once exceeded
         self._starving: list[str] = []
         self._starving_at = 0.0
+        self._warned: set[tuple[str, str]] = set()  # (counter, task) already warned about
         self._unmark: asyncio.Task[None] | None = None
         self.metrics = metrics or Metrics()
         self.fencing = Fencing(app, broker, settings, observe=self.metrics.fence_outcome)
@@ -177,8 +180,9 @@ class Processor:
         job.spec = spec
         task = self.app.registry.get(spec.task)
         if task is None:
-            return await self._unreadable(job, spec, f"task {spec.task!r} is not registered in this worker",
-                                          "unknown_task", dead_after_grace=True)
+            known = ", ".join(sorted(self.app.registry.tasks)) or "none"
+            return await self._unreadable(job, spec, f"task {spec.task!r} is not registered in this worker "
+                                          f"(it knows: {known})", "unknown_task", dead_after_grace=True)
         refused = self._refuse(job, spec, task)
         settling = refused is not None and await self.fencing.settles(
             job, refused.reason, spec.max_attempts or task.options.retry.max_attempts)
@@ -247,8 +251,11 @@ class Processor:
         s = self.settings
         age_s = (self.broker.clock() - spec.enqueued_ms) / 1000
         if age_s <= s.grace_s:
-            self._log(Running(job)).warning("job %s: %s; retried in %gs without burning an attempt", job.id, why,
-                                            s.defer_s)
+            first = (counter, spec.task) not in self._warned  # once per task and worker, not every defer_s
+            self._warned.add((counter, spec.task))
+            self._log(Running(job)).log(logging.WARNING if first else logging.DEBUG,
+                                        "job %s: %s; retried every %gs without burning an attempt%s", job.id, why,
+                                        s.defer_s, " (said once per task)" if first else "")
             return Outcome("requeue", delay_s=s.defer_s, counter=counter)
         if dead_after_grace:
             return Outcome("dead", counter, f"{why}; still unreadable {age_s:.0f}s after enqueue "
@@ -310,7 +317,9 @@ class Processor:
         o = await self._leaving(job, o)
         fields = {"reason": o.reason, "error": o.error, "traceback": o.tb, "task": task_name, "queue": job.queue}
         self._log(r).error("job %s (%s) -> dead-letter [%s]: %s", job.id, task_name, o.reason, o.error)
-        if await b.arun(b.dead(job.queue, job.id, job.token, entry, fields)):
+        durable = job.spec is not None and self.app.failed_jobs is not None
+        if await b.arun(b.dead(job.queue, job.id, job.token, entry, fields, durable=durable)):
+            fault_point("after_dead_letter")  # a kill here leaves the failed_jobs row owed: the sweep writes it
             await self._dead_hooks(job, o, task_name)
 
     async def _leaving(self, job: Fetched, o: Outcome) -> Outcome:
@@ -335,7 +344,7 @@ class Processor:
                        reason=o.reason, error=o.error, traceback=o.tb, attempts=job.attempt,
                        died_ms=self.broker.clock(), history=[])
         if spec is not None:
-            await self.fencing.record_dead(dead, orjson.loads(spec.encode()))
+            await write_row(self.app, self.broker, dead, orjson.loads(spec.encode()))
         for hook in self.app.dead_hooks:
             try:
                 result = hook(dead)

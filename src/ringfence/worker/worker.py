@@ -16,6 +16,7 @@ from ringfence.models import new_job_id
 from ringfence.redis.connect import login_refused
 from ringfence.redis.connection import UNAVAILABLE, redact
 from ringfence.settings import WorkerSettings, check_name
+from ringfence.worker.durable import DurableSweep
 from ringfence.worker.heartbeat import Heartbeat
 from ringfence.worker.maintenance import DeadRetention, Promoter, QueueSet, Recoverer, SchedulerLoop
 from ringfence.worker.processor import Processor
@@ -50,7 +51,7 @@ class Worker:
     def __init__(self, app: App, queues: list[tuple[str, int]] | None = None, *, concurrency: int = 10,
                  strict: bool = False, settings: WorkerSettings | None = None,
                  max_wait: dict[str, float] | None = None, scheduler: bool = False,
-                 metrics_port: int | None = None, alerts: bool = True) -> None:
+                 metrics_port: int | None = None, alerts: bool = True, metrics_host: str = "127.0.0.1") -> None:
         if concurrency < 1:
             raise ConfigError(f"--concurrency {concurrency} must be >= 1")
         self.app = app
@@ -67,6 +68,8 @@ class Worker:
             raise ConfigError(f"--max-wait names queue(s) this worker does not serve: {', '.join(unknown)}")
         self.scheduler = scheduler
         self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
+        self.queues_from_tasks = queues is None  # said at start: an operator may expect "every queue"
         self.alerts = alerts
         self.metrics = Metrics()
         self.processor = Processor(app, self.broker, self.queues, concurrency=concurrency, strict=strict,
@@ -130,8 +133,8 @@ class Worker:
             return None
         broker = self.broker
         self.metrics.breaker_source(lambda: {d: broker.breaker_state(d)["state"] for d in self.app.breakers})
-        log.info("metrics on :%d/metrics", self.metrics_port)
-        return self.metrics.serve(self.metrics_port)
+        log.info("metrics on %s:%d/metrics", self.metrics_host, self.metrics_port)
+        return self.metrics.serve(self.metrics_port, self.metrics_host)
 
     async def run(self) -> int:
         await self._connect()
@@ -151,9 +154,12 @@ class Worker:
         heartbeat = Heartbeat(self)
         loops = [heartbeat, Recoverer(self.broker, queue_set, s.recover_interval_s),
                  Promoter(self.broker, queue_set, s.promote_interval_s)]
+        if self.app.failed_jobs is not None:  # rows a killed worker still owed (worker/durable.py)
+            loops.append(DurableSweep(self.app, self.broker, queue_set, max(1.0, s.recover_interval_s),
+                                      grace_s=max(5.0, 2 * s.lease_s)))
         if s.dead_retention_s is not None:
             loops.append(DeadRetention(self.broker, queue_set, s.dead_retention_s,
-                                       interval_s=min(60.0, s.dead_retention_s / 2)))
+                                       interval_s=min(60.0, s.dead_retention_s / 2), failed_jobs=self.app.failed_jobs))
         if self.scheduler:
             from ringfence.scheduler import Scheduler
 
@@ -167,8 +173,9 @@ class Worker:
             component.health = self.broker.health
             component.start()
         notify_supervisor()
-        log.info("worker %s: queues %s, concurrency %d", self.server_id,
-                 ",".join(f"{q}={w}" for q, w in self.queues), self.concurrency)
+        log.info("worker %s: queues %s%s, concurrency %d", self.server_id,
+                 ",".join(f"{q}={w}" for q, w in self.queues),
+                 " (no --queues: the queues its tasks declare)" if self.queues_from_tasks else "", self.concurrency)
         try:
             await self.processor.run()
             await self.processor.drain(s.shutdown_timeout_s)
@@ -202,9 +209,9 @@ def parse_max_wait(spec: str) -> dict[str, float]:
 
 def run_worker(app: App, queues: list[tuple[str, int]] | None = None, *, concurrency: int = 10,
                strict: bool = False, max_wait: dict[str, float] | None = None, scheduler: bool = False,
-               metrics_port: int | None = None, alerts: bool = True) -> int:
+               metrics_port: int | None = None, alerts: bool = True, metrics_host: str = "127.0.0.1") -> int:
     worker = Worker(app, queues, concurrency=concurrency, strict=strict, max_wait=max_wait, scheduler=scheduler,
-                    metrics_port=metrics_port, alerts=alerts)
+                    metrics_port=metrics_port, alerts=alerts, metrics_host=metrics_host)
     code = asyncio.run(worker.run())
     if worker.processor.threads:
         # A thread cannot be stopped: leave without joining it. Its job's lease, no longer renewed, brings it back.

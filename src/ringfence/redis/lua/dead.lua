@@ -8,8 +8,10 @@
 -- KEYS[6] dead       zset  id -> died ms
 -- KEYS[7] dead_jobs  hash  id -> record JSON
 -- KEYS[8] stats      hash
+-- KEYS[9] durable    zset  id -> died ms: the failed_jobs row is owed (worker/durable.py)
 -- ARGV[1] id  ARGV[2] token  ARGV[3] now ms  ARGV[4] last history entry JSON
 -- ARGV[5] record fields JSON object (reason, error, traceback, ...)
+-- ARGV[6] 1 when a failed_jobs row will be written for this job, else 0
 -- Returns: 1, or 0 when this attempt no longer held the lease.
 local id = ARGV[1]
 if redis.call('HGET', KEYS[2], id) ~= ARGV[2] then return 0 end
@@ -27,6 +29,7 @@ local record = '{"spec":' .. cjson.encode(spec) .. ',"attempts":' .. n .. ',"his
   .. ',"died_ms":' .. ARGV[3] .. ',' .. string.sub(ARGV[5], 2)
 redis.call('HSET', KEYS[7], id, record)
 redis.call('ZADD', KEYS[6], ARGV[3], id)
+if ARGV[6] == '1' then redis.call('ZADD', KEYS[9], ARGV[3], id) end
 redis.call('ZREM', KEYS[1], id)
 redis.call('HDEL', KEYS[2], id)
 redis.call('HDEL', KEYS[3], id)
