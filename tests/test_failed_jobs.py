@@ -211,3 +211,15 @@ async def test_worker_retention_prunes_both_copies(redis_url, namespace, tmp_pat
         worker.request_stop()
         await asyncio.wait_for(runner, 10)
     assert rows(app, "old") == [] and app.broker.queue_counts("default")["dead"] == 0
+
+
+def test_a_missing_table_reads_as_empty_until_it_exists(fence_url) -> None:
+    failed = FailedJobs(fence_url, namespace="x", table_name=f"fj_{uuid.uuid4().hex[:8]}")
+    try:
+        assert failed.unreplayed() == [] and failed.delete(["a"]) == 0 and failed.prune(0) == 0
+        failed.create_all()
+        failed.record(DeadJob("a", "q", "t", {}, "permanent", "", "", 1, 0, []), {"t": "t", "e": 1, "a": {}})
+        assert [r["job_id"] for r in failed.unreplayed()] == ["a"]
+    finally:
+        failed.table.drop(failed.engine, checkfirst=True)
+        failed.engine.dispose()

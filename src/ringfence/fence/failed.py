@@ -56,7 +56,7 @@ class FailedJobs:
                 if added:
                     with self.engine.begin() as conn:
                         conn.execute(CreateIndex(next(ix for ix in t.indexes if ix.name == f"ix_{t.name}_ns")))
-            self._upgraded = True
+            self._upgraded = columns is not None  # a missing table is looked for again next time
         assigned = 0
         if assign_unowned and columns is not None:
             with self.engine.begin() as conn:
@@ -67,9 +67,11 @@ class FailedJobs:
     def _exists(self) -> bool:
         return sa_inspect(self.engine).has_table(self.table.name)
 
-    def _ready(self) -> None:
+    def _ready(self) -> bool:
+        """Upgrade once; False while the table does not exist (``ringfence fence init`` creates it)."""
         if not self._upgraded:
             self.upgrade()
+        return self._upgraded
 
     def _mine(self) -> Any:
         return self.table.c.namespace == self.namespace
@@ -93,8 +95,9 @@ class FailedJobs:
         retrying(self.retry, attempt, f"failed_jobs write of job {job.id}")
 
     def unreplayed(self, job_ids: list[str] | None = None) -> list[dict[str, Any]]:
-        """Rows not replayed yet, newest first; one per job id (its latest death)."""
-        self._ready()
+        """Rows not replayed yet, newest first; one per job id (its latest death). None without the table."""
+        if not self._ready():
+            return []
         t = self.table
         q = select(t).where(self._mine(), t.c.replayed_at.is_(None)).order_by(t.c.died_at.desc(), t.c.id.desc())
         if job_ids is not None:
@@ -109,8 +112,7 @@ class FailedJobs:
         return out
 
     def mark_replayed(self, job_ids: list[str]) -> None:
-        if job_ids:
-            self._ready()
+        if job_ids and self._ready():
             t = self.table
             with self.engine.begin() as conn:
                 conn.execute(update(t).where(self._mine(), t.c.job_id.in_(job_ids), t.c.replayed_at.is_(None))
@@ -118,16 +120,16 @@ class FailedJobs:
 
     def delete(self, job_ids: list[str]) -> int:
         """Delete every row of these jobs (``ringfence dead delete``)."""
-        if not job_ids:
+        if not job_ids or not self._ready():
             return 0
-        self._ready()
         t = self.table
         with self.engine.begin() as conn:
             return int(conn.execute(sa_delete(t).where(self._mine(), t.c.job_id.in_(job_ids))).rowcount)
 
     def prune(self, older_than_s: float) -> int:
         """Delete rows of jobs that died more than ``older_than_s`` ago (``ringfence dead prune``)."""
-        self._ready()
+        if not self._ready():
+            return 0
         t = self.table
         with self.engine.begin() as conn:
             return int(conn.execute(sa_delete(t).where(self._mine(), t.c.died_at < db_now_plus(-older_than_s)))
