@@ -77,6 +77,7 @@ class Figures:
     completed: int
     in_doubt: int
     unsettled: int
+    past_capture: int  # fences left calling/effected
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,10 +85,11 @@ class Figures:
 
 def figures(db: sqlite3.Connection, kind: str, injected: int, where: str) -> Figures:
     row = db.execute(f"""SELECT count(*), sum(charges = 1), sum(charges = 0), sum(charges >= 2),
-                                sum(state = 'completed'), sum(state = 'in_doubt'), sum(NOT ok)
+                                sum(state = 'completed'), sum(state = 'in_doubt'), sum(NOT ok),
+                                sum(state IN ('calling', 'effected'))
                          FROM settled WHERE {where}""").fetchone()
-    n, once, zero, multi, completed, doubt, bad = (int(x or 0) for x in row)
-    return Figures(kind, injected, n, once, zero, multi, completed, doubt, bad)
+    n, once, zero, multi, completed, doubt, bad, past = (int(x or 0) for x in row)
+    return Figures(kind, injected, n, once, zero, multi, completed, doubt, bad, past)
 
 
 def per_fault(db: sqlite3.Connection, kinds: list[str], window_s: float) -> list[Figures]:

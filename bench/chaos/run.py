@@ -23,6 +23,7 @@ from bench.chaos.checks import verdict
 from bench.chaos.collect import collect
 from bench.chaos.config import ChaosConfig
 from bench.chaos.database import ChaosDatabase
+from bench.chaos.doctor import fence_findings
 from bench.chaos.faults import Chaos
 from bench.chaos.feeder import Feeder
 from bench.chaos.provider import Client
@@ -142,6 +143,7 @@ class ChaosRun:
     def _report(self, feeder: Feeder, ledger: sqlite3.Connection) -> dict[str, Any]:
         assert self.workers is not None and self.chaos is not None and self.app is not None
         w, chaos = self.workers, self.chaos
+        doctor = fence_findings(self.app)
         engine = self.db.engine()
         r = self.stack.redis_client()
         try:
@@ -158,6 +160,7 @@ class ChaosRun:
             "other_exits": {str(k): v for k, v in w.exits.other.items()}}
         result["enqueue"] = {"jobs": feeder.enqueued_jobs, "batches_failed": feeder.refused,
                             "batches_refused_full": feeder.refused_full}
+        result["doctor"] = doctor
         result["injection_errors"] = chaos.errors
         result["notes"] = self.notes
         result["drained_s"] = None if self.drained_s is None else round(self.drained_s, 1)
@@ -186,7 +189,7 @@ def _raise_interrupt(signum: int, _frame: object) -> None:
 
 def checks(result: dict[str, Any], cfg: ChaosConfig) -> list[dict[str, Any]]:
     """Pass/fail lines, each with the counts that decide it."""
-    t, jobs, workers = result["total"], result["jobs"], result["workers"]
+    t, jobs, workers, doctor = result["total"], result["jobs"], result["workers"], result["doctor"]
     crashes = {code: n for code, n in workers["other_exits"].items() if code != str(EXIT_RESTART)}
     restarts = workers["other_exits"].get(str(EXIT_RESTART), 0)
     out = [
@@ -196,6 +199,10 @@ def checks(result: dict[str, Any], cfg: ChaosConfig) -> list[dict[str, Any]]:
         ("every fence completed, or in doubt with a dead job naming why",
          t["unsettled"] == 0,
          f"{t['completed']} completed, {t['in_doubt']} in doubt, {t['unsettled']} neither"),
+        ("the doctor reports every fence not completed (in_doubt, owner_gone)",
+         doctor["in_doubt"] == t["in_doubt"] and doctor["owner_gone"] == t["past_capture"] and "errors" not in doctor,
+         f"doctor: {doctor['in_doubt']} in doubt, {doctor['owner_gone']} owner gone; fences: {t['in_doubt']} in "
+         f"doubt, {t['past_capture']} calling/effected"),
         ("local order row matches the fence and the provider",
          result["local_mismatch"] == 0, f"{result['local_mismatch']} mismatched"),
         ("every job acked or dead-lettered (none lost)",
