@@ -148,3 +148,9 @@ def test_a_second_signal_stops_children_at_once_and_the_exit_code_says_so(
     assert sup.wait(20) == 130  # the children's "exited at once" code, not a clean 0
     assert time.monotonic() - t0 < 10
     assert not records(rdb, namespace, "finished")
+
+
+def test_restart_delays_double_after_each_failed_start_up_to_the_cap() -> None:
+    from ringfence.worker.supervisor import Backoff
+
+    assert [Backoff().delay_s(n) for n in range(1, 9)] == [0.5, 1, 2, 4, 8, 16, 30, 30]

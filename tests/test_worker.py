@@ -293,11 +293,14 @@ async def test_a_lost_sync_run_keeps_its_slot_until_its_thread_returns(make_app,
     spans: dict[tuple[str, int], list[float]] = {}
     started = threading.Event()
 
+    cancelled: list[bool] = []
+
     @app.task
     def long(ctx) -> None:
         spans[("long", ctx.attempt)] = [time.monotonic()]
         started.set()
         time.sleep(3.5 if ctx.attempt == 1 else 0.1)  # ignores ctx.cancelled, as a blocking call would
+        cancelled.append(ctx.cancelled.is_set())
         spans[("long", ctx.attempt)].append(time.monotonic())
 
     @app.task(timeout_s=0.5)
@@ -324,6 +327,7 @@ async def test_a_lost_sync_run_keeps_its_slot_until_its_thread_returns(make_app,
     assert worker.exit_code == 0  # no spurious restart
     first, second, quick = spans[("long", 1)], spans[("long", 2)], spans[("short", 1)]
     assert second[0] >= first[1]  # one run of the job at a time in this process
+    assert cancelled == [True, False]  # the lost run was told to stop
     if concurrency == 1:
         assert quick[0] >= first[1]  # not fetched while the lost thread held the only slot
     assert app.broker.history("default", job) == []  # acked once, by the second run
