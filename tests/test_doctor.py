@@ -173,16 +173,19 @@ def test_orphaned_attempts_after_a_sigkill(make_app, spawn_worker) -> None:
 
 
 @pytest.mark.slow
-def test_shutdown_timeout_shorter_than_the_jobs(make_app, spawn_worker) -> None:
+@pytest.mark.parametrize(("task", "counter"), [("workerapp.slow", "requeued_on_shutdown"),
+                                               ("workerapp.slow_sync", "abandoned_on_shutdown")])
+def test_shutdown_timeout_shorter_than_the_jobs(make_app, spawn_worker, task: str, counter: str) -> None:
+    """Async jobs go back to the queue; a sync job's thread cannot be stopped, so it stays leased (counted)."""
     app = make_app(environment="test")
     w = spawn_worker(env={"TEST_SHUTDOWN_S": "0.3"})
-    job = app.enqueue_many(_task(app, "workerapp.slow"), [{"seconds": 20}])[0]
+    job = app.enqueue_many(_task(app, task), [{"seconds": 20}])[0]
     wait_until(lambda: app.broker.lease_token("default", job))
     w.signal(signal.SIGTERM)
     assert w.wait(20) == 0
     report = diagnose(app, QUICK)
     f = finding(report, "shutdown_timeout", "default")
-    assert f.numbers["requeued_on_shutdown"] == 1
+    assert f.numbers[counter] == 1 and sum(f.numbers[c] for c in ("requeued_on_shutdown", "abandoned_on_shutdown")) == 1
 
 
 def test_latency_high_in_one_queue_only(make_app, namespace, redis_url) -> None:

@@ -41,7 +41,7 @@ _QUEUE_GAUGES = {"pending": "jobs ready to run", "active": "jobs leased to a run
                  "scheduled": "delayed or deferred jobs", "retry": "jobs waiting to retry",
                  "dead": "jobs in dead-letter"}
 _QUEUE_COUNTERS = ("enqueued", "processed", "failed", "dead", "orphaned", "replayed", "deferred",
-                   "requeued_on_shutdown", "dangling")
+                   "requeued_on_shutdown", "abandoned_on_shutdown", "dangling")
 
 BreakerSource = Callable[[], Mapping[str, str]]
 

@@ -139,16 +139,20 @@ def stuck_active(ctx: Context) -> Iterator[Finding]:
 def shutdown_timeout(ctx: Context) -> Iterator[Finding]:
     for name in ctx.after.queues:
         requeued = ctx.after.stat(name, "requeued_on_shutdown")
-        if requeued:
+        abandoned = ctx.after.stat(name, "abandoned_on_shutdown")
+        if requeued or abandoned:
             timeouts = sorted({float(s["shutdown_timeout_s"]) for s in ctx.after.listed_by(name)
                                if s.get("shutdown_timeout_s") is not None})
             yield Finding(
                 "shutdown_timeout", Status.WARNING, subject=name,
-                symptom=(f"queue {name}: {requeued} job(s) were still running when their worker's shutdown timeout "
-                         f"ended and went back to the queue (servers' shutdown_timeout_s: {timeouts or 'n/a'})"),
+                symptom=(f"queue {name}: {requeued + abandoned} job(s) were still running when their worker's "
+                         f"shutdown timeout ended ({requeued} went back to the queue, {abandoned} sync one(s) came "
+                         f"back when their lease lapsed, an attempt burned; servers' shutdown_timeout_s: "
+                         f"{timeouts or 'n/a'})"),
                 hypothesis="shutdown_timeout_s is shorter than the jobs, so every deploy interrupts them",
                 remedy="raise shutdown_timeout_s (and the platform's kill grace), make handlers watch ctx.cancelled",
-                numbers={"requeued_on_shutdown": requeued, "shutdown_timeout_s": timeouts})
+                numbers={"requeued_on_shutdown": requeued, "abandoned_on_shutdown": abandoned,
+                         "shutdown_timeout_s": timeouts})
     for s in ctx.after.servers:
         yield from _slow_tasks(s)
 

@@ -376,6 +376,10 @@ class Broker:
                              [server_id, orjson.dumps(info), int(ttl_s * 1000), self.clock(), *info.get("queues", ())],
                              int))
 
+    async def count(self, queue: str, counter: str, n: int = 1) -> None:
+        """Bump a queue's stats counter (for what no transition script records)."""
+        await self.aio.hincrby(self.keys.queue(queue).stats, counter, n)
+
     async def unregister_server(self, server_id: str) -> None:
         async with self.aio.pipeline(transaction=False) as p:
             p.hdel(self.keys.server_info, server_id)

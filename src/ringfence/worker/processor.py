@@ -398,6 +398,14 @@ class Processor:
             elif r.task is not None:
                 r.task.cancel()
 
+    async def _count_abandoned(self, runs: list[Running]) -> None:
+        """``abandoned_on_shutdown`` per queue: the doctor tells these from workers that died."""
+        try:
+            for queue in {r.job.queue for r in runs}:
+                await self.broker.count(queue, "abandoned_on_shutdown", sum(r.job.queue == queue for r in runs))
+        except Exception:
+            log.exception("shutdown: could not count the abandoned jobs")
+
     async def drain(self, timeout_s: float) -> None:
         """Stop fetching, let running jobs finish for ``timeout_s``, then cancel them and requeue the rest."""
         self.stopping.set()
@@ -414,12 +422,14 @@ class Processor:
             # process exits and is returned when the lease lapses, so it never runs twice at once.
             r.abandoned = r.thread is not None and not r.thread.done()
             r.task.cancel()  # type: ignore[union-attr]
-        abandoned = sum(r.abandoned for r in left)
+        abandoned = [r for r in left if r.abandoned and not r.lost]
         if abandoned:
             log.warning("shutdown: %d sync handler(s) still running; their jobs return to the queue when their "
-                        "leases lapse after this process exits (the attempt counts as orphaned)", abandoned)
-        if len(left) > abandoned:
-            log.warning("shutdown: returning %d unfinished job(s) to their queue", len(left) - abandoned)
+                        "leases lapse after this process exits (the attempt counts as orphaned)", len(abandoned))
+            await self._count_abandoned(abandoned)
+        requeued = sum(not r.abandoned for r in left)
+        if requeued:
+            log.warning("shutdown: returning %d unfinished job(s) to their queue", requeued)
         if left:
             await asyncio.wait([r.task for r in left if r.task is not None], timeout=5)
         await self.flush_acks()
