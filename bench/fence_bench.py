@@ -28,15 +28,44 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine, make_url
 
-from ringfence.tasks import JobContext
+from ringfence.app import App
+from ringfence.redis.broker import Broker
+from ringfence.tasks import JobContext, Task
 
-if TYPE_CHECKING:
-    from bench.ringfence_bench import Bench
+
+class FenceSizes(Protocol):  # read-only: the bench's Sizes is a frozen dataclass
+    @property
+    def batch(self) -> int: ...
+    @property
+    def fence(self) -> int: ...
+    @property
+    def fence_reps(self) -> int: ...
+    @property
+    def fence_alone(self) -> int: ...
+
+
+class Bench(Protocol):
+    """What the fence figure needs of ``bench.ringfence_bench.Bench`` (a protocol: no import cycle)."""
+
+    app: App
+    broker: Broker
+    results: dict[str, Any]
+    worker_env: dict[str, str]
+    last_drain_cpu_s: float
+    last_drain_jobs: int
+    last_drain_busy_cores: float
+
+    @property
+    def sizes(self) -> FenceSizes: ...
+    def build_app(self, fence_url: str | None = None) -> App: ...
+    def reset(self) -> None: ...
+    def task(self, name: str) -> Task: ...
+    def timed_drain(self, n_workers: int, jobs: int, queue: str = ...) -> float: ...
 
 DEFAULT_FENCE_URL = "postgresql+psycopg://127.0.0.1:5432/test"  # no user: libpq takes $PGUSER or the login
 STEP = "noop"
