@@ -1,4 +1,4 @@
-"""The only code that talks to Redis.
+"""The only code that talks to Redis (with ``reads.py``, the reads of job keys it mixes in).
 
 Each job transition is one Lua script (``lua/<name>.lua``). An operation is built once as a ``Call``
 (script, keys, args, parser) and run by either client: ``broker.run(call)`` (sync, for producers and the
@@ -9,61 +9,24 @@ server's (``clock.py``), in tests a simulated one.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 import redis
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, OutOfMemoryError
 
-from ringfence.errors import BadRecord
-from ringfence.models import JobSpec
+from ringfence.redis.call import Call, _ids, _str
 from ringfence.redis.clock import ServerClock
 from ringfence.redis.connect import check_url
 from ringfence.redis.connection import UNAVAILABLE, ConnectionSettings, Health, async_client, full_error, sync_client
 from ringfence.redis.keys import Keys
+from ringfence.redis.reads import Reads
 from ringfence.redis.scripts import PROBE, script
 
 T = TypeVar("T")
 
-#: Bytes of a spec that readers load to count jobs (task, version, times, limits; never the payload).
-HEAD_BYTES = 512
-#: Bytes of long specs copied inside Redis per read to cut their heads (Lua has no substring of a hash field).
-HEAD_BUDGET = 16 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Call(Generic[T]):
-    name: str
-    keys: Sequence[str]
-    args: Sequence[Any]
-    parse: Callable[[Any], T]
-
-
-def _ids(raw: Any) -> list[str]:
-    return [x.decode() if isinstance(x, bytes) else str(x) for x in raw or []]
-
-
-def _str(raw: Any) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
-
-
-def _int(raw: Any) -> int:
-    """A counter as stored; a value written by something else reads as 0 rather than breaking every reader."""
-    try:
-        return int(raw)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _json_list(raw: Any) -> list[Any]:
-    """A stored JSON list; empty when missing or malformed (readers show what they can)."""
-    try:
-        found = orjson.loads(raw) if raw else []
-    except orjson.JSONDecodeError:
-        return []
-    return found if isinstance(found, list) else []
+__all__ = ["Broker", "Call"]
 
 
 def _json_object(raw: Any) -> dict[str, Any] | None:
@@ -72,17 +35,6 @@ def _json_object(raw: Any) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         return None
     return found if isinstance(found, dict) else None
-
-
-def _enqueued_ms(head: bytes, size: int) -> int | None:
-    """Enqueue time from a spec's head; None without a record or when it is malformed (the worker
-    dead-letters it when it gets there)."""
-    if size < 0:
-        return None  # no record (-1), or not read (-2)
-    try:
-        return int(JobSpec.decode_head(head, size).enqueued_ms)
-    except BadRecord:
-        return None
 
 
 def _enqueued(raw: Any) -> list[bool | str]:
@@ -111,7 +63,7 @@ async def _acompiles(probe: Any) -> bool:
     return True
 
 
-class Broker:
+class Broker(Reads):
     """Redis operations of one namespace. Clients are created lazily; both share nothing but keys."""
 
     def __init__(self, url: str, namespace: str = "ringfence", clock: Callable[[], int] | None = None,
@@ -315,10 +267,6 @@ class Broker:
                              k.durable],
                     [job_id, token, self.clock(), orjson.dumps(entry), orjson.dumps(fields), int(durable)], bool)
 
-    async def durable_owed(self, queue: str, before_ms: int, limit: int = 100) -> list[str]:
-        """Dead jobs (died before ``before_ms``) whose failed_jobs row is still owed."""
-        return _ids(await self.aio.zrangebyscore(self.keys.queue(queue).durable, "-inf", before_ms, 0, limit))
-
     async def durable_done(self, queue: str, ids: Sequence[str]) -> None:
         if ids:
             await self.aio.zrem(self.keys.queue(queue).durable, *ids)
@@ -394,122 +342,9 @@ class Broker:
         found = [_json_object(raw) for raw in raws if raw]
         return [s for s in found if s is not None]
 
-    # -- reads for inspect ----------------------------------------------------------------------
-    def queue_counts(self, queue: str) -> dict[str, Any]:
-        k = self.keys.queue(queue)
-        p = self.sync.pipeline(transaction=False)
-        p.llen(k.pending)
-        p.zcard(k.active)
-        p.zcard(k.scheduled)
-        p.zcard(k.retry)
-        p.zcard(k.dead)
-        p.hgetall(k.stats)
-        p.exists(k.paused)
-        p.lindex(k.pending, -1)
-        pending, active, scheduled, retry, dead, stats, paused, oldest = p.execute()
-        oldest_ms = None
-        if oldest:
-            [(head, size)], _ = self.run(self.spec_heads(queue, [_str(oldest)]))
-            oldest_ms = _enqueued_ms(head, size)
-        return {
-            "pending": pending, "active": active, "scheduled": scheduled, "retry": retry, "dead": dead,
-            "stats": {_str(key): _int(v) for key, v in stats.items()},
-            "paused": bool(paused),
-            "oldest_enqueued_ms": oldest_ms,  # None: nothing pending, or its record is malformed
-        }
-
-    def spec_heads(self, queue: str, ids: Sequence[str] = (), size: int = 1000
-                   ) -> Call[tuple[list[tuple[bytes, int]], bool]]:
-        """The first ``HEAD_BYTES`` of job specs with their full size: of ``ids`` (size -1: no record), else of
-        every job when there are at most ``size``, else of a random sample. Long specs are read only within
-        ``HEAD_BUDGET`` bytes (size -2: skipped). Parses to (heads, exact)."""
-        def parse(raw: Any) -> tuple[list[tuple[bytes, int]], bool]:
-            return [(bytes(raw[i]), int(raw[i + 1])) for i in range(1, len(raw), 2)], bool(raw[0])
-
-        return Call("spec_heads", [self.keys.queue(queue).jobs], [HEAD_BYTES, size, HEAD_BUDGET, *ids], parse)
-
-    def spec_sample(self, queue: str, size: int = 1000) -> tuple[list[tuple[bytes, int]], bool]:
-        """(head, size) of the specs in the queue: all of them when there are at most ``size``, else a random
-        sample. Returns (heads, exact)."""
-        return self.run(self.spec_heads(queue, size=size))
-
-    async def oldest_enqueued_ms(self, queue: str) -> int | None:
-        """Enqueue time of the job that has waited longest in ``pending`` (for starvation bounds)."""
-        k = self.keys.queue(queue)
-        oldest = await self.aio.lindex(k.pending, -1)
-        if oldest is None:
-            return None
-        [(head, size)], _ = await self.arun(self.spec_heads(queue, [_str(oldest)]))
-        return _enqueued_ms(head, size)
-
-    def job_spec(self, queue: str, job_id: str) -> bytes | None:
-        raw: Any = self.sync.hget(self.keys.queue(queue).jobs, job_id)
-        return bytes(raw) if raw is not None else None
-
-    def attempts(self, queue: str, job_id: str) -> int:
-        raw = self.sync.hget(self.keys.queue(queue).attempts, job_id)
-        return int(raw) if raw else 0
-
-    def history(self, queue: str, job_id: str) -> list[dict[str, Any]]:
-        raw = self.sync.hget(self.keys.queue(queue).history, job_id)
-        return _json_list(raw)
-
-    def dead_ids(self, queue: str, offset: int = 0, count: int = -1) -> list[str]:
-        k = self.keys.queue(queue)
-        end = -1 if count < 0 else offset + count - 1
-        return _ids(self.sync.zrevrange(k.dead, offset, end))
-
-    def dead_records(self, queue: str, ids: Sequence[str]) -> list[tuple[str, bytes]]:
-        """Stored dead records as bytes (decoded by ``inspect.dead_job``, which survives malformed ones)."""
-        if not ids:
-            return []
-        raws: list[Any] = self.sync.hmget(self.keys.queue(queue).dead_jobs, list(ids))
-        return [(i, bytes(r)) for i, r in zip(ids, raws, strict=True) if r is not None]
-
-    def dead_present(self, queue: str, ids: Sequence[str]) -> list[bool]:
-        """Per id: is it in the queue's Redis dead-letter?"""
-        p = self.sync.pipeline(transaction=False)
-        for i in ids:
-            p.zscore(self.keys.queue(queue).dead, i)
-        return [score is not None for score in p.execute()] if ids else []
-
-    async def adead_records(self, queue: str, ids: Sequence[str]) -> list[tuple[str, bytes]]:
-        raws: list[Any] = await self.aio.hmget(self.keys.queue(queue).dead_jobs, list(ids)) if ids else []
-        return [(i, bytes(r)) for i, r in zip(ids, raws, strict=True) if r is not None]
-
     def set_paused(self, queue: str, paused: bool) -> None:
         k = self.keys.queue(queue)
         if paused:
             self.sync.set(k.paused, b"1")
         else:
             self.sync.delete(k.paused)
-
-    def lease_token(self, queue: str, job_id: str) -> str | None:
-        raw = self.sync.hget(self.keys.queue(queue).lease, job_id)
-        return _str(raw) if raw else None
-
-    def queued_ids(self, ids: Iterable[str]) -> set[str]:
-        """Which of ``ids`` are still jobs of some queue (pending, scheduled, retrying or running): not acked,
-        dead or deleted. One pipelined round trip."""
-        wanted, queues = sorted(set(ids)), self.queues()
-        if not wanted or not queues:
-            return set()
-        p = self.sync.pipeline(transaction=False)
-        for q in queues:
-            for job_id in wanted:
-                p.hexists(self.keys.queue(q).jobs, job_id)
-        found = p.execute()
-        n = len(wanted)
-        return {job_id for i, job_id in enumerate(wanted) if any(found[k * n + i] for k in range(len(queues)))}
-
-    def lease_alive(self, queue: str, job_id: str, token: str) -> bool:
-        """Whether attempt ``token`` of the job still holds a live lease."""
-        k = self.keys.queue(queue)
-        p = self.sync.pipeline(transaction=False)
-        p.hget(k.lease, job_id)
-        p.zscore(k.active, job_id)
-        held, deadline = p.execute()
-        return held is not None and held.decode() == token and deadline is not None and deadline > self.clock()
-
-    def memory_usage(self) -> int:
-        return int(self.sync.info("memory")["used_memory"])
