@@ -281,3 +281,47 @@ def test_enqueue_tells_the_truth_when_retried_and_never_stores_without_queueing(
     with pytest.raises(redis.ResponseError, match="must be numbers"):
         b.run(b.enqueue("default", [("j2", spec, 0), ("j3", spec, "soon")]))  # type: ignore[list-item]
     assert not rdb.hexists(k.jobs, "j2") and rdb.llen(k.pending) == 1
+
+
+@settings(max_examples=6, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.lists(corrupted(), min_size=3, max_size=8))
+def test_the_worker_dead_letters_every_undecodable_record_once(make_app, rdb, records: list[bytes]) -> None:
+    import asyncio
+
+    from ringfence.worker.worker import Worker
+
+    app = make_app()
+
+    @app.task(name="noop")
+    async def noop(ctx, **_: Any) -> None: ...
+
+    k = app.broker.keys.queue("default")
+    rdb.delete(k.jobs, k.pending, k.dead, k.dead_jobs, k.attempts, k.stats, k.scheduled, k.retry, k.active, k.lease)
+    bad = set()
+    for i, raw in enumerate(records):
+        raw = now_doc(raw)
+        write_job(rdb, app, "default", f"j{i}", raw)
+        try:
+            JobSpec.decode(raw)
+        except BadRecord:
+            bad.add(f"j{i}")
+
+    async def run() -> None:
+        worker = Worker(app, [("default", 1)])
+        runner = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + 15
+        while app.broker.queue_counts("default")["pending"] or not bad <= set(app.broker.dead_ids("default")):
+            assert time.monotonic() < deadline and not runner.done()
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)  # a looping record would be fetched again meanwhile
+        worker.request_stop()
+        await asyncio.wait_for(runner, 10)
+
+    asyncio.run(run())
+    for job in dead_jobs(app.broker, DeadFilter()):
+        if job.id in bad:
+            assert job.reason == "bad_record" and job.attempts == 1 and job.malformed, job
+    assert all(app.broker.attempts("default", i) == 0 for i in bad)  # nothing left to run again
+    [q] = info(app.broker)
+    assert q["dead"] >= len(bad)
