@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session
 
 from ..errors import ConfigError, FencedOut
 from ..faults import fault_point
+from ..offloop import in_thread
 from .dbretry import NO_RETRY, DbRetry, aretrying, is_disconnect, retrying
-from .offloop import in_thread
 
 Stale = Callable[[], FencedOut]
 Committed = Callable[[], bool]  # does the fence row show this completion committed?

@@ -102,21 +102,31 @@ class FailedJobs:
         q = select(t).where(self._mine(), t.c.replayed_at.is_(None)).order_by(t.c.died_at.desc(), t.c.id.desc())
         if job_ids is not None:
             q = q.where(t.c.job_id.in_(job_ids))
+
+        def attempt(_retried: bool) -> list[dict[str, Any]]:
+            with self.engine.connect() as conn:
+                rows = [dict(m) for m in conn.execute(q).mappings()]
+            return rows
+
         seen: set[str] = set()
         out = []
-        with self.engine.connect() as conn:
-            for m in conn.execute(q).mappings():
-                if m["job_id"] not in seen:
-                    seen.add(m["job_id"])
-                    out.append(dict(m))
+        for m in retrying(self.retry, attempt, "failed_jobs read"):
+            if m["job_id"] not in seen:
+                seen.add(m["job_id"])
+                out.append(m)
         return out
 
     def mark_replayed(self, job_ids: list[str]) -> None:
         if job_ids and self._ready():
             t = self.table
-            with self.engine.begin() as conn:
-                conn.execute(update(t).where(self._mine(), t.c.job_id.in_(job_ids), t.c.replayed_at.is_(None))
-                             .values(replayed_at=db_now()))
+            stmt = (update(t).where(self._mine(), t.c.job_id.in_(job_ids), t.c.replayed_at.is_(None))
+                    .values(replayed_at=db_now()))
+
+            def attempt(_retried: bool) -> None:
+                with self.engine.begin() as conn:  # repeating it is harmless: only unmarked rows match
+                    conn.execute(stmt)
+
+            retrying(self.retry, attempt, "failed_jobs replay mark")
 
     def delete(self, job_ids: list[str]) -> int:
         """Delete every row of these jobs (``ringfence dead delete``)."""

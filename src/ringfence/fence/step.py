@@ -24,9 +24,9 @@ from types import TracebackType
 from typing import Any, Final
 
 from ..errors import ConfigError, ReconcileTimeout
+from ..offloop import call_off_loop
 from .core import RECONCILE, Core, NotHappened
 from .model import FenceBackend, Owner
-from .offloop import call_off_loop
 
 __all__ = ["NOT_HAPPENED", "AsyncStep", "FenceContext", "Fences", "Owner", "Step", "StepOptions"]
 

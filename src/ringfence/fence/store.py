@@ -282,8 +282,7 @@ class FenceStore:
         """
         t = self.table
         q = self._select().where(t.c.state.in_(_PAST_CAPTURE), t.c.owner_job_id == job_id).order_by(t.c.id)
-        with self.engine.connect() as conn:
-            return [_row(m) for m in conn.execute(q).mappings()]
+        return self._read(lambda conn: [_row(m) for m in conn.execute(q).mappings()])
 
     # --- operations by a person -------------------------------------------------------------
 

@@ -25,7 +25,7 @@ import redis
 from ..errors import FencedOut, FenceError
 from ..faults import fault_point
 from ..fence.model import COMPLETABLE, FenceRow, FenceState, Owner, provider_key
-from ..fence.offloop import in_thread
+from ..offloop import in_thread
 
 _CAPTURE = """
 -- KEYS[1]  the fence hash
