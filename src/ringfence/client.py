@@ -127,8 +127,10 @@ class Client:
 
     async def aenqueue_many(self, task: Task, payloads: Iterable[Any],
                             opts: EnqueueOptions) -> list[str]:
-        prepared = [self.prepare(task, p, opts) for p in payloads]
         broker = self.app.broker
+        if not broker.server_clock.measured:
+            await broker.aping()  # else the first read of the Redis clock would block the loop for a round trip
+        prepared = [self.prepare(task, p, opts) for p in payloads]
         await broker.aregister_queues(self._new_queues(prepared))
         return self._ids(prepared, [(idx, await broker.arun(call)) for idx, call in self._calls(prepared)], opts)
 

@@ -22,6 +22,10 @@ class ServerClock:
         self.skew_ms = 0.0
         self.rtt_ms = 0.0
 
+    @property
+    def measured(self) -> bool:
+        return self._offset_ms is not None
+
     def __call__(self) -> int:
         return int(self.precise())
 
