@@ -230,7 +230,7 @@ def memory(ctx: Context) -> Iterator[Finding]:
         hypothesis=("at maxmemory every enqueue is refused (workers still finish, ack and drain what is queued)"
                     if policy == "noeviction" or policy.startswith("volatile-") else
                     "at maxmemory Redis evicts keys, job keys included"),
-        remedy="raise maxmemory, prune old dead jobs (`ringfence dead prune --older-than-days N`), or move caches "
+        remedy="raise maxmemory, prune old dead jobs (`ringfence dead prune --older-than-days 30`), or move caches "
                "to another Redis",
         numbers={"used_memory": used, "maxmemory": limit, "ratio": round(ratio, 3), "policy": policy})
 
