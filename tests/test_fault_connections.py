@@ -81,12 +81,14 @@ def test_a_half_open_connection_does_not_stall_the_heartbeat(tmp_path: Path) -> 
     proxy = HalfOpenProxy(server.port)
     app = App(server.url, NS, environment="test")
     task = slow_task(app)
-    behind_proxy = FaultWorker(proxy.url, NS, tmp_path, "a", name="proxied")
+    # lease 3 s, heartbeat 0.5 s, socket timeout 1 s: a hung beat costs 1.5 s of the lease, 1.5 s to spare
+    lease = {"FAULT_LEASE_S": "3"}
+    behind_proxy = FaultWorker(proxy.url, NS, tmp_path, "a", name="proxied", env=lease)
     direct = None
     try:
-        job = task.enqueue(seconds=6.0)  # lease_s 2: three leases after the freeze
+        job = task.enqueue(seconds=7.0)  # two leases after the freeze
         wait_until(lambda: runs(tmp_path)[job] == 1, 20)
-        direct = FaultWorker(server.url, NS, tmp_path, "a", name="direct")
+        direct = FaultWorker(server.url, NS, tmp_path, "a", name="direct", env=lease)
         wait_until(lambda: len(app.broker.servers()) == 2, 20)
         frozen_at = time.time()
         assert proxy.freeze() > 0
@@ -106,7 +108,7 @@ def test_a_half_open_connection_does_not_stall_the_heartbeat(tmp_path: Path) -> 
     assert [p.name.split(".")[2] for p in tmp_path.glob(f"{job}.*.started")] == [str(behind_proxy.proc.pid)]
     assert b"orphaned" not in stats and stats[b"processed"] == b"1"
     noticed = [logged_at(x) for x in lines if "is unreachable" in x and re.search(r"Timeout", x)]
-    # socket_timeout_s is 1 s with this lease (ConnectionSettings.for_lease), the heartbeat every 0.5 s
+    # socket_timeout_s is 1 s with this lease (ConnectionSettings.for_lease), a beat every 0.5 s
     assert noticed and noticed[0] - frozen_at < 1.0 + 0.5 + 1.0, lines
     assert not any("Traceback" in x for x in lines), "\n".join(lines)
 
@@ -144,13 +146,13 @@ async def test_a_worker_gives_up_on_a_redis_that_never_answers_with_one_line() -
 
 
 def test_a_hung_redis_is_noticed_within_the_socket_timeout_and_leases_hold_after_it(tmp_path: Path) -> None:
-    """Redis SIGSTOPped for 4 s (connections stay open and unanswered) under a 10 s job with a 6 s lease."""
+    """Redis SIGSTOPped for 4 s (connections stay open and unanswered) under a 10 s job with an 8 s lease."""
     server = EmbeddedRedis.temporary(port=free_port())
     assert server.process is not None
     app = App(server.url, NS, environment="test")
     task = slow_task(app)
     worker = FaultWorker(server.url, NS, tmp_path, "a", name="w",
-                         env={"FAULT_LEASE_S": "6", "FAULT_HEARTBEAT_S": "1"})  # socket timeout: 2 s
+                         env={"FAULT_LEASE_S": "8", "FAULT_HEARTBEAT_S": "1"})  # socket timeout: 3 s
     try:
         job = task.enqueue(seconds=10.0)
         wait_until(lambda: runs(tmp_path)[job] == 1, 20)
@@ -174,5 +176,5 @@ def test_a_hung_redis_is_noticed_within_the_socket_timeout_and_leases_hold_after
     assert runs(tmp_path) == {job: 1}
     assert b"orphaned" not in stats and stats[b"processed"] == b"1"
     noticed = [logged_at(x) for x in lines if "is unreachable" in x and "Timeout" in x]
-    assert noticed and noticed[0] - stopped_at < 1.0 + 2.0 + 1.0, lines  # a heartbeat + the socket timeout
+    assert noticed and noticed[0] - stopped_at < 1.0 + 3.0 + 1.0, lines  # a heartbeat + the socket timeout
     assert len([x for x in lines if "answers again" in x]) == 1 and len(lines) <= 4, "\n".join(lines)

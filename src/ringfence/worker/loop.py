@@ -10,6 +10,8 @@ from ringfence.redis.connection import UNAVAILABLE, Health
 
 log = logging.getLogger("ringfence.worker")
 
+UNAVAILABLE_RETRY_S = 0.5
+
 
 class Loop:
     """Runs ``tick()`` every ``interval_s`` until stopped; an error in one tick is logged, not fatal. With a
@@ -31,19 +33,21 @@ class Loop:
 
     async def _run(self) -> None:
         while not self._stop.is_set():
+            wait_s = self.interval_s
             try:
                 await self.tick()
             except asyncio.CancelledError:
                 raise
             except UNAVAILABLE as exc:
+                wait_s = min(wait_s, UNAVAILABLE_RETRY_S)  # back as soon as Redis is: leases may be running out
                 if self.health is None:
-                    log.warning("%s: Redis unreachable (%s); retrying in %.1fs", self.name, exc, self.interval_s)
+                    log.warning("%s: Redis unreachable (%s); retrying in %.1fs", self.name, exc, wait_s)
                 else:
                     self.health.lost(exc)
             except Exception:
                 log.exception("%s: tick failed; retrying in %.1fs", self.name, self.interval_s)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self.interval_s)
+                await asyncio.wait_for(self._stop.wait(), wait_s)
 
     async def stop(self) -> None:
         self._stop.set()
