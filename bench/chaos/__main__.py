@@ -64,9 +64,10 @@ def parse(argv: list[str] | None) -> tuple[ChaosConfig, bool]:
 
 def render(r: dict[str, Any], console: Console) -> None:
     t = Table(title=f"chaos: {r['total']['orders']} orders, {r['settings']['workers']} workers, "
-                    f"db {r['settings']['db']}")
-    cols = ("injected", "orders", "charged_once", "charged_0", "charged_2plus", "completed", "in_doubt", "unsettled")
-    heads = ("injected", "orders", "charged 1×", "0×", "≥2×", "completed", "in doubt", "unsettled")
+                    f"db {r['settings']['db']}, commit {r['commit'] or '?'}")
+    cols = ("injected", "orders", "charged_once", "charged_0", "charged_2plus", "completed", "in_doubt", "effected",
+            "unsettled")
+    heads = ("injected", "orders", "charged 1×", "0×", "≥2×", "completed", "in doubt", "effected", "unsettled")
     t.add_column("fault")
     for head in heads:
         t.add_column(head, justify="right")

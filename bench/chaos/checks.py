@@ -19,6 +19,8 @@ SELECT o.order_id,
                ON d.job_id = j.job_id WHERE j.order_id = o.order_id AND d.reason <> ''
                AND (instr(d.error, 'order:' || o.order_id || '/charge') > 0
                     OR instr(d.error, '''order:' || o.order_id || '''/''charge''') > 0)) AS dead_named,
+       EXISTS (SELECT 1 FROM jobs j JOIN dead d ON d.job_id = j.job_id
+               WHERE j.order_id = o.order_id AND d.reason <> '') AS dead_any,
        CASE WHEN f.state = 'completed' AND (r.charge_id IS NULL OR r.charge_id <> f.reference
                  OR NOT EXISTS (SELECT 1 FROM p.charges x WHERE x.order_id = o.order_id
                                 AND 'ch_' || x.id = f.reference)) THEN 1 ELSE 0 END AS mismatch
@@ -28,7 +30,13 @@ LEFT JOIN fences f ON f.order_id = o.order_id
 LEFT JOIN orders r ON r.order_id = o.order_id;
 CREATE TEMP VIEW settled AS
 SELECT order_id, charges, state, mismatch,
-       COALESCE(state = 'completed' OR (state = 'in_doubt' AND dead_named), 0) AS ok FROM verdict;
+       -- settled: completed, or left in doubt / effected by a dead job that names the step (a person or a
+       -- replay finishes it), or never past capture and its job dead with a reason (nothing left the network)
+       COALESCE(state = 'completed' OR (state IN ('in_doubt', 'effected') AND dead_named)
+                OR ((state IS NULL OR state = 'claimed') AND charges = 0 AND dead_any), 0) AS ok,
+       -- charged as promised: exactly once, or never when the order's job was dead-lettered before any call
+       (charges = 1 OR (charges = 0 AND dead_any AND (state IS NULL OR state = 'claimed'))) AS charge_ok
+FROM verdict;
 """
 
 PID = "CAST(substr(q.worker, instr(q.worker, ':') + 1) AS INTEGER)"
@@ -76,8 +84,10 @@ class Figures:
     charged_2plus: int
     completed: int
     in_doubt: int
+    effected: int      # left effected by a dead job that says "replay to finish"
     unsettled: int
     past_capture: int  # fences left calling/effected
+    uncharged_dead: int  # never charged: the job was dead-lettered before any call (visible, nothing moved)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,11 +95,11 @@ class Figures:
 
 def figures(db: sqlite3.Connection, kind: str, injected: int, where: str) -> Figures:
     row = db.execute(f"""SELECT count(*), sum(charges = 1), sum(charges = 0), sum(charges >= 2),
-                                sum(state = 'completed'), sum(state = 'in_doubt'), sum(NOT ok),
-                                sum(state IN ('calling', 'effected'))
+                                sum(state = 'completed'), sum(state = 'in_doubt'), sum(state = 'effected'),
+                                sum(NOT ok), sum(state IN ('calling', 'effected')), sum(charges = 0 AND charge_ok)
                          FROM settled WHERE {where}""").fetchone()
-    n, once, zero, multi, completed, doubt, bad, past = (int(x or 0) for x in row)
-    return Figures(kind, injected, n, once, zero, multi, completed, doubt, bad, past)
+    n, once, zero, multi, completed, doubt, effected, bad, past, uncharged = (int(x or 0) for x in row)
+    return Figures(kind, injected, n, once, zero, multi, completed, doubt, effected, bad, past, uncharged)
 
 
 def per_fault(db: sqlite3.Connection, kinds: list[str], window_s: float) -> list[Figures]:
@@ -127,7 +137,7 @@ def dead_reasons(db: sqlite3.Connection) -> dict[str, int]:
 def samples(db: sqlite3.Connection, limit: int = 10) -> dict[str, list[Any]]:
     """A few offending orders per failure, for the report (the run's directory has the rest with --keep)."""
     q = {
-        "charged_0": "SELECT order_id, state FROM settled WHERE charges = 0",
+        "charged_0": "SELECT order_id, state FROM settled WHERE charges = 0 AND NOT charge_ok",
         "charged_2plus": "SELECT order_id, charges, state FROM settled WHERE charges >= 2",
         "unsettled": "SELECT order_id, state, charges FROM settled WHERE NOT ok",
         "local_mismatch": "SELECT order_id FROM settled WHERE mismatch = 1",

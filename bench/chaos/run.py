@@ -13,6 +13,7 @@ import os
 import random
 import signal
 import sqlite3
+import subprocess
 import time
 import uuid
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from bench.chaos.doctor import fence_findings
 from bench.chaos.faults import Chaos
 from bench.chaos.feeder import Feeder
 from bench.chaos.provider import Client
-from bench.chaos.stack import Stack, faketime_available
+from bench.chaos.stack import REPO, Stack, faketime_available
 from bench.chaos.workers import Workers
 from ringfence.app import App
 from ringfence.fence import create_all
@@ -166,6 +167,7 @@ class ChaosRun:
         result["drained_s"] = None if self.drained_s is None else round(self.drained_s, 1)
         result["seconds"] = round(time.monotonic() - self.started, 1)
         result["settings"] = self.cfg.as_dict()
+        result["commit"] = _commit()
         if self.cfg.keep:
             result["directory"] = self.stack.root
         result["checks"] = checks(result, self.cfg)
@@ -183,6 +185,18 @@ class ChaosRun:
             self.notes.append(f"could not drop database {self.db.name}: {exc}")
 
 
+def _commit() -> str | None:
+    """The repository's commit (and whether the tree differs from it), for the figures' provenance."""
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{head}{' (modified)' if dirty else ''}" if head else None
+
+
 def _raise_interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -193,12 +207,14 @@ def checks(result: dict[str, Any], cfg: ChaosConfig) -> list[dict[str, Any]]:
     crashes = {code: n for code, n in workers["other_exits"].items() if code != str(EXIT_RESTART)}
     restarts = workers["other_exits"].get(str(EXIT_RESTART), 0)
     out = [
-        ("one provider charge per order",
-         t["charged_0"] == 0 and t["charged_2plus"] == 0,
-         f"{t['charged_once']}/{t['orders']} once, {t['charged_0']} never, {t['charged_2plus']} twice or more"),
-        ("every fence completed, or in doubt with a dead job naming why",
+        ("one provider charge per order (none only when its job died before any call)",
+         t["charged_0"] == t["uncharged_dead"] and t["charged_2plus"] == 0,
+         f"{t['charged_once']}/{t['orders']} once, {t['charged_0']} never ({t['uncharged_dead']} of them "
+         f"dead-lettered before any call), {t['charged_2plus']} twice or more"),
+        ("every fence completed, or left by a dead job that names it (in doubt / effected)",
          t["unsettled"] == 0,
-         f"{t['completed']} completed, {t['in_doubt']} in doubt, {t['unsettled']} neither"),
+         f"{t['completed']} completed, {t['in_doubt']} in doubt, {t['effected']} effected, "
+         f"{t['unsettled']} unsettled"),
         ("the doctor reports every fence not completed (in_doubt, owner_gone)",
          doctor["in_doubt"] == t["in_doubt"] and doctor["owner_gone"] == t["past_capture"] and "errors" not in doctor,
          f"doctor: {doctor['in_doubt']} in doubt, {doctor['owner_gone']} owner gone; fences: {t['in_doubt']} in "
