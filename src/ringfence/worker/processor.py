@@ -8,7 +8,6 @@ import time
 import traceback
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -25,7 +24,7 @@ from ringfence.redis.connection import UNAVAILABLE
 from ringfence.redis.waker import Waker
 from ringfence.settings import WorkerSettings
 from ringfence.tasks import JobContext, Task
-from ringfence.worker.calls import JobTimeout, call_async, call_sync
+from ringfence.worker.calls import JobTimeout, SyncRunner, call_async, call_sync
 from ringfence.worker.durable import write_row
 from ringfence.worker.fencing import Fencing
 from ringfence.worker.gates import Gates
@@ -49,7 +48,7 @@ class Processor:
         self.on_restart_required = on_restart_required
         self.running: dict[str, Running] = {}
         self.leftover: dict[str, Running] = {}  # lost sync jobs whose thread still runs: they keep their slot
-        self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="ringfence-job")
+        self.pool = SyncRunner(concurrency)
         self.waker = Waker(broker, server_id, [q for q, _ in queues])
         self.stopping = asyncio.Event()
         self.shutting_down = False
@@ -436,4 +435,4 @@ class Processor:
         if self._acker is not None:
             self._acker.cancel()
         await self.waker.close()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.close()

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Coroutine
 from typing import Any
 
 from ringfence.app import App
@@ -207,12 +208,28 @@ def parse_max_wait(spec: str) -> dict[str, float]:
     return out
 
 
+def run_loop(main: Coroutine[Any, Any, int]) -> int:
+    """Run the worker's loop on uvloop where it is installed (less CPU per job for the loop and for every
+    socket write); ``RINGFENCE_EVENT_LOOP=asyncio`` chooses the standard loop."""
+    choice = os.environ.get("RINGFENCE_EVENT_LOOP", "uvloop")
+    if choice not in ("uvloop", "asyncio"):
+        raise ConfigError(f"RINGFENCE_EVENT_LOOP={choice!r} must be 'uvloop' or 'asyncio'")
+    if choice == "uvloop":
+        try:
+            import uvloop
+        except ImportError:  # not on this platform (Windows) or not installed: the standard loop
+            pass
+        else:
+            return uvloop.run(main)
+    return asyncio.run(main)
+
+
 def run_worker(app: App, queues: list[tuple[str, int]] | None = None, *, concurrency: int = 10,
                strict: bool = False, max_wait: dict[str, float] | None = None, scheduler: bool = False,
                metrics_port: int | None = None, alerts: bool = True, metrics_host: str = "127.0.0.1") -> int:
     worker = Worker(app, queues, concurrency=concurrency, strict=strict, max_wait=max_wait, scheduler=scheduler,
                     metrics_port=metrics_port, alerts=alerts, metrics_host=metrics_host)
-    code = asyncio.run(worker.run())
+    code = run_loop(worker.run())
     if worker.processor.threads:
         # A thread cannot be stopped: leave without joining it. Its job's lease, no longer renewed, brings it back.
         log.warning("exiting with %d sync handler(s) still running; their jobs return when their leases lapse",
