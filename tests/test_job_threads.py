@@ -1,0 +1,80 @@
+"""The worker's job threads (worker/calls.py) and its event loop choice (worker/worker.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from ringfence.tasks import JobContext
+from ringfence.worker.calls import JobTimeout, SyncRunner, call_sync
+from ringfence.worker.worker import run_loop
+
+
+def _ctx(timeout_s: float) -> JobContext:
+    return JobContext(id="j", task="t", queue="q", attempt=1, max_attempts=1, enqueued_ms=0, token="x",
+                      timeout_s=timeout_s)
+
+
+async def test_a_queued_call_times_out_from_its_own_start_and_results_come_back_in_batches(make_app) -> None:
+    app = make_app()
+    names: list[str] = []
+
+    @app.task
+    def slow(ctx: Any, seconds: float) -> str:
+        names.append(threading.current_thread().name)
+        time.sleep(seconds)
+        return "done"
+
+    runner = SyncRunner(1)  # one thread: the second call waits 0.4 s for it before it starts
+    overruns: list[int] = []
+    futures: list[asyncio.Future[Any]] = []
+    first = call_sync(runner, slow, _ctx(5), (), {"seconds": 0.4}, 5, on_thread=futures.append,
+                      on_overrun=lambda: overruns.append(1))
+    second = call_sync(runner, slow, _ctx(0.3), (), {"seconds": 0.1}, 0.3, on_thread=futures.append,
+                       on_overrun=lambda: overruns.append(1))
+    await asyncio.gather(first, second)  # the second ran 0.1 s of its 0.3 s: no timeout
+    assert [f.result() for f in futures] == ["done", "done"] and not overruns
+    assert names == ["ringfence-job_0", "ringfence-job_0"]
+
+    ctx = _ctx(0.2)
+    with pytest.raises(JobTimeout):  # past its time: ctx.cancelled, the overrun reported, then the timeout
+        await call_sync(runner, slow, ctx, (), {"seconds": 0.5}, 0.2, on_thread=futures.append,
+                        on_overrun=lambda: overruns.append(1))
+    assert ctx.cancelled.is_set() and overruns == [1] and futures[-1].done()  # settled after the thread
+    runner.close()
+
+
+async def test_a_handler_error_is_the_calls_outcome(make_app) -> None:
+    app = make_app()
+
+    @app.task
+    def fails(ctx: Any) -> None:
+        raise TimeoutError("socket timed out")  # its own TimeoutError: an ordinary failure, not ours
+
+    runner = SyncRunner(2)
+    overruns: list[int] = []
+    with pytest.raises(TimeoutError, match="socket timed out"):
+        await call_sync(runner, fails, _ctx(5), (), {}, 5, on_thread=lambda f: None,
+                        on_overrun=lambda: overruns.append(1))
+    assert not overruns
+    runner.close()
+
+
+def test_the_worker_loop_is_uvloop_unless_asked_for_asyncio(monkeypatch: pytest.MonkeyPatch) -> None:
+    uvloop = pytest.importorskip("uvloop")
+
+    async def loop_kind() -> int:
+        return int(isinstance(asyncio.get_running_loop(), uvloop.Loop))
+
+    assert run_loop(loop_kind()) == 1
+    monkeypatch.setenv("RINGFENCE_EVENT_LOOP", "asyncio")
+    assert run_loop(loop_kind()) == 0
+    monkeypatch.setenv("RINGFENCE_EVENT_LOOP", "trio")
+    coro = loop_kind()
+    with pytest.raises(Exception, match="RINGFENCE_EVENT_LOOP='trio' must be 'uvloop' or 'asyncio'"):
+        run_loop(coro)
+    coro.close()
