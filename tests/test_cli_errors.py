@@ -166,3 +166,23 @@ async def test_complete_on_another_database_names_both_once(make_app, tmp_path) 
     assert str(app.fence_store.get("order:1", "charge").state) == "effected"  # kept: a replay completes it
     with other.connect() as c:
         assert c.execute(text("select count(*) from orders")).scalar() == 0
+
+
+async def test_a_stray_ringfence_db_is_ignored_outside_the_default_environment(make_app, tmp_path,
+                                                                              monkeypatch) -> None:
+    """The dead-letter path looks for steps the job owns; in production it never opens ./ringfence.db."""
+    from ringfence import Permanent
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ringfence.db").write_bytes(b"")
+    app = make_app(environment="production")
+
+    @app.task(name="refuse")
+    def refuse(ctx, n: int) -> None:
+        raise Permanent("no")
+
+    refuse.enqueue(n=1)
+    await run_until(app, lambda: dead_jobs(app.broker, DeadFilter()))
+    [job] = dead_jobs(app.broker, DeadFilter())
+    assert job.reason == "permanent" and "Permanent: no" in job.error
+    assert (tmp_path / "ringfence.db").read_bytes() == b""

@@ -143,8 +143,9 @@ class App:
     def fence_store_in_use(self) -> Any:
         """The SQL fence store if this app has one (configured, opened, or the default file exists), else None.
         Never creates ``./ringfence.db``."""
-        if self._fence_store is None and not self.fence_url and not os.path.exists(_sqlite_path(DEFAULT_FENCE_URL)):
-            return None
+        if self._fence_store is None and not self.fence_url and (
+                self.environment != "default" or not os.path.exists(_sqlite_path(DEFAULT_FENCE_URL))):
+            return None  # outside the default environment there is no fallback store to look in
         return self.fence_store
 
     @property
