@@ -116,8 +116,11 @@ def test_fence_commands_need_a_fence_url(tmp_path, redis_url, command) -> None:
     assert not (tmp_path / "ringfence.db").exists()
 
 
-def test_embedded_redis_only_when_asked(tmp_path) -> None:
+def test_embedded_redis_only_when_asked(tmp_path, monkeypatch) -> None:
     from ringfence import App, ConfigError
+
+    # Restored afterwards: an embedded app exports its URL to child processes through this variable.
+    monkeypatch.delenv("RINGFENCE_REDIS_URL", raising=False)
 
     with pytest.raises(ConfigError, match="no Redis URL"):
         App(environment="test").broker  # noqa: B018
