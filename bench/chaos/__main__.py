@@ -26,6 +26,7 @@ RATES = {  # option → help
     "skew_s": "clock offset of the skewed worker, seconds ahead",
     "p_5xx": "provider: probability of a 503", "p_hang": "provider: probability of a late answer",
     "p_drop": "provider: probability of a dropped connection after the charge",
+    "hook_delay_s": "seconds the slow reconcile hook takes",
     "lease_s": "the workers' lease", "effect_timeout_s": "the provider client's timeout",
     "max_attempts": "attempts per job", "term_bound_s": "seconds after SIGTERM before a worker counts as hung",
     "batch": "jobs per enqueue round trip", "backlog": "enqueue only while fewer jobs than this wait or run",
@@ -89,7 +90,8 @@ def render(r: dict[str, Any], console: Console) -> None:
                   f"other exits {w['other_exits'] or 'none'}")
     console.print(f"jobs: {jobs['acked_as_duplicate']} acked as duplicates; dead by reason {r['dead_reasons']}; "
                   f"reconcile hook: {r['reconcile_lookups']['calls']} lookups, "
-                  f"{r['reconcile_lookups']['adopted']} adopted; enqueue batches resent after RedisFull: "
+                  f"{r['reconcile_lookups']['adopted']} adopted; fence epochs: max {r['fence_epochs']['max']}, "
+                  f"{r['fence_epochs']['above_5']} above 5; enqueue batches resent after RedisFull: "
                   f"{r['enqueue']['batches_refused_full']}, after other Redis errors: {r['enqueue']['batches_failed']}")
     for note in [*r["notes"], *r["injection_errors"]]:
         console.print(f"note: {note}")

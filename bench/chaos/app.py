@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import time
 from typing import Any
 
 from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, insert, update
@@ -37,6 +38,7 @@ SETTINGS = WorkerSettings(lease_s=LEASE_S, heartbeat_s=LEASE_S / 4, recover_inte
 RETRY = RetryPolicy(max_attempts=int(os.environ.get("CHAOS_MAX_ATTEMPTS", "25")), base_s=0.1, cap_s=1.0)
 DOOMED_ATTEMPTS = 3
 EFFECT_TIMEOUT_S = float(os.environ.get("CHAOS_EFFECT_TIMEOUT_S", "2"))
+HOOK_DELAY_S = float(os.environ.get("CHAOS_HOOK_DELAY_S", "0"))
 
 metadata = MetaData()
 orders = Table("chaos_orders", metadata,
@@ -118,6 +120,7 @@ async def charge_a(ctx: JobContext, order_id: int, amount: int, doomed: bool = F
 
 def find_b(key: str, request: Any) -> str | Any:
     """Reconcile hook of provider b: adopt the charge made with our key, else it did not happen."""
+    time.sleep(HOOK_DELAY_S)  # a slow provider search: longer than the heartbeat when asked
     found = provider().find_b(key)
     return found if found is not None else NOT_HAPPENED
 

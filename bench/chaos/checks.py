@@ -34,8 +34,10 @@ SELECT order_id, charges, state, mismatch,
        -- replay finishes it), or never past capture and its job dead with a reason (nothing left the network)
        COALESCE(state = 'completed' OR (state IN ('in_doubt', 'effected') AND dead_named)
                 OR ((state IS NULL OR state = 'claimed') AND charges = 0 AND dead_any), 0) AS ok,
-       -- charged as promised: exactly once, or never when the order's job was dead-lettered before any call
-       (charges = 1 OR (charges = 0 AND dead_any AND (state IS NULL OR state = 'claimed'))) AS charge_ok
+       -- charged as promised: exactly once; or never, when the order's job was dead-lettered before any call,
+       -- or the step is in doubt and named by its dead job (a person settles it: --not-done)
+       (charges = 1 OR (charges = 0 AND dead_any AND (state IS NULL OR state = 'claimed'))
+        OR (charges = 0 AND state = 'in_doubt' AND dead_named)) AS charge_ok
 FROM verdict;
 """
 
@@ -56,6 +58,9 @@ def touched_sql(kind: str, window_s: float) -> str:
                 f"AND q.ts BETWEEN e.t0 AND e.t1 + {window_s}")
     if kind == "skew":
         return "SELECT DISTINCT order_id FROM p.requests WHERE worker LIKE 'skew:%'"
+    if kind == "slow-hook":  # orders whose charge the hook looked up (a lookup that found nothing has no order)
+        return ("SELECT DISTINCT c.order_id FROM p.lookups l "
+                "JOIN p.charges c ON c.provider = 'b' AND c.rf_key = l.rf_key")
     return f"SELECT DISTINCT order_id FROM p.requests WHERE fault = '{kind.removeprefix('provider-')}'"
 
 
@@ -69,6 +74,8 @@ def injected_sql(kind: str) -> str:
         return f"SELECT count(*) FROM events WHERE kind = '{kind}'"
     if kind == "skew":
         return "SELECT count(*) FROM p.requests WHERE worker LIKE 'skew:%'"
+    if kind == "slow-hook":
+        return "SELECT count(*) FROM p.lookups"
     return f"SELECT count(*) FROM p.requests WHERE fault = '{kind.removeprefix('provider-')}'"
 
 
@@ -87,7 +94,7 @@ class Figures:
     effected: int      # left effected by a dead job that says "replay to finish"
     unsettled: int
     past_capture: int  # fences left calling/effected
-    uncharged_dead: int  # never charged: the job was dead-lettered before any call (visible, nothing moved)
+    uncharged_dead: int  # never charged, visibly: dead before any call, or in doubt and named by its dead job
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,6 +158,7 @@ def verdict(db: sqlite3.Connection, kinds: list[str], window_s: float) -> dict[s
     total = figures(db, "total", 0, "1")
     mismatch = int(db.execute("SELECT count(*) FROM settled WHERE mismatch = 1").fetchone()[0])
     lookups = db.execute("SELECT count(*), sum(found) FROM p.lookups").fetchone()
+    epochs = db.execute("SELECT max(epoch), sum(epoch > 5) FROM fences").fetchone()
     return {
         "total": total.as_dict(),
         "faults": [f.as_dict() for f in per_fault(db, [k for k in KINDS if k in kinds], window_s)],
@@ -158,5 +166,6 @@ def verdict(db: sqlite3.Connection, kinds: list[str], window_s: float) -> dict[s
         "dead_reasons": dead_reasons(db),
         "local_mismatch": mismatch,
         "reconcile_lookups": {"calls": int(lookups[0] or 0), "adopted": int(lookups[1] or 0)},
+        "fence_epochs": {"max": int(epochs[0] or 0), "above_5": int(epochs[1] or 0)},  # takeovers per step
         "samples": samples(db),
     }

@@ -7,7 +7,7 @@ from typing import Any
 
 # Fault kinds, in the order the report lists them.
 KINDS = ("kill", "term", "points", "doomed", "duplicates", "redis-restart", "oom", "db-kill", "skew",
-         "provider-5xx", "provider-hang", "provider-drop")
+         "provider-5xx", "provider-hang", "provider-drop", "slow-hook")
 DESCRIPTIONS = {
     "kill": "SIGKILL a random worker (restarted at once)",
     "term": "SIGTERM a random worker (graceful restart; its exit time is measured)",
@@ -21,6 +21,7 @@ DESCRIPTIONS = {
     "provider-5xx": "the provider answers 503 and charges nothing",
     "provider-hang": "the provider charges, then answers only after the effect's timeout",
     "provider-drop": "the provider charges, then drops the connection without an answer",
+    "slow-hook": "provider b's reconcile hook takes longer than the heartbeat (issue 9 item 4)",
 }
 
 
@@ -52,6 +53,7 @@ class ChaosConfig:
     p_5xx: float = 0.03
     p_hang: float = 0.01
     p_drop: float = 0.02
+    hook_delay_s: float = 1.3      # slower than the heartbeat (lease_s / 4)
     term_bound_s: float = 15.0     # a worker that has not exited this long after SIGTERM is hung
     keep: bool = False             # keep the run's directory (logs) after the run
 

@@ -70,7 +70,8 @@ class ChaosRun:
         env = {"RINGFENCE_REDIS_URL": redis_url, "RINGFENCE_NAMESPACE": self.namespace, "RINGFENCE_ENV": "chaos",
                "RINGFENCE_FENCE_URL": self.db.url, "CHAOS_PROVIDER_URL": provider_url,
                "CHAOS_LEASE_S": str(cfg.lease_s), "CHAOS_EFFECT_TIMEOUT_S": str(cfg.effect_timeout_s),
-               "CHAOS_MAX_ATTEMPTS": str(cfg.max_attempts)}
+               "CHAOS_MAX_ATTEMPTS": str(cfg.max_attempts),
+               "CHAOS_HOOK_DELAY_S": str(cfg.hook_delay_s if cfg.on("slow-hook") else 0.0)}
         skew = cfg.skew_s if cfg.on("skew") else None
         if skew is not None and not faketime_available():
             self.notes.append("skew: libfaketime not installed (apt-get install faketime); no skewed worker")
@@ -207,10 +208,10 @@ def checks(result: dict[str, Any], cfg: ChaosConfig) -> list[dict[str, Any]]:
     crashes = {code: n for code, n in workers["other_exits"].items() if code != str(EXIT_RESTART)}
     restarts = workers["other_exits"].get(str(EXIT_RESTART), 0)
     out = [
-        ("one provider charge per order (none only when its job died before any call)",
+        ("one provider charge per order (none only for a dead job's order, before any call or in doubt)",
          t["charged_0"] == t["uncharged_dead"] and t["charged_2plus"] == 0,
          f"{t['charged_once']}/{t['orders']} once, {t['charged_0']} never ({t['uncharged_dead']} of them "
-         f"dead-lettered before any call), {t['charged_2plus']} twice or more"),
+         f"visibly: dead before any call, or in doubt), {t['charged_2plus']} twice or more"),
         ("every fence completed, or left by a dead job that names it (in doubt / effected)",
          t["unsettled"] == 0,
          f"{t['completed']} completed, {t['in_doubt']} in doubt, {t['effected']} effected, "
