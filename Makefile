@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench bench-peers chaos clean
+.PHONY: setup demo test test-topology lint bench bench-peers chaos clean
 
 $(BIN)/ringfence: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,6 +20,10 @@ test: setup
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Redis Cluster (3 masters) and Sentinel (1 master, 1 replica, 3 sentinels) as private redis-server processes.
+test-topology: setup
+	$(BIN)/python -m pytest -m topology $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check src tests bench

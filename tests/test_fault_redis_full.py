@@ -155,10 +155,10 @@ async def test_scripts_run_on_the_embedded_redis_6_2_without_shebang_and_without
         server.stop()
 
 
-def test_every_script_declares_keys_of_one_slot_except_the_registry() -> None:
-    """Redis 7 refuses a flagged script's undeclared or cross-slot keys on Cluster; the server registry
-    (servers, server_info, queues) is the one exception, left for Cluster support to tag."""
-    b = Broker("redis://127.0.0.1:1/0", NS, clock=lambda: 1000)
+def test_every_script_declares_keys_of_one_slot() -> None:
+    """Redis 7 refuses a flagged script's undeclared or cross-slot keys on Cluster: with cluster key names
+    (the namespace keys tagged ``{ns}``) every script's keys share one slot."""
+    b = Broker("redis+cluster://127.0.0.1:1/", NS, clock=lambda: 1000)
     calls = [
         b.enqueue("q", [("j", b"{}", 0)]), b.cron("q", "p", [(1, "j", b"{}")]), b.fetch("q", 1, 2, "t"),
         b.extend("q", [("j", "t", 2)]), b.ack("q", [("j", "t")]), b.retry("q", "j", "t", 2, {}),
@@ -169,6 +169,9 @@ def test_every_script_declares_keys_of_one_slot_except_the_registry() -> None:
     ]
     for call in calls:
         assert len({key_slot(k.encode()) for k in call.keys}) == 1, call.name
-    covered = {c.name for c in calls} | {"claim_environment", "heartbeat_server"}
+    registry = [b.keys.servers, b.keys.server_info, b.keys.queues]  # heartbeat_server's keys
+    assert len({key_slot(k.encode()) for k in registry}) == 1
+    # one key each: claim_environment (meta), lease (alerts:leader), close_incident (alerts)
+    covered = {c.name for c in calls} | {"claim_environment", "heartbeat_server", "lease", "close_incident"}
     lua = resources.files("ringfence.redis").joinpath("lua")
     assert covered == {p.name.removesuffix(".lua") for p in lua.iterdir() if p.name.endswith(".lua")}

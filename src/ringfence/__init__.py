@@ -20,7 +20,7 @@ from ringfence.errors import (
     RingfenceError,
 )
 from ringfence.models import DeadJob
-from ringfence.redis.connection import ConnectionSettings
+from ringfence.redis.connection import ConnectionSettings, RedisClients
 from ringfence.settings import BreakerPolicy, RetryPolicy, WorkerSettings
 from ringfence.tasks import JobContext, Task
 
@@ -40,6 +40,7 @@ __all__ = [
     "PayloadError",
     "PayloadTooNew",
     "Permanent",
+    "RedisClients",
     "RedisFull",
     "RetryLater",
     "RetryPolicy",

@@ -12,7 +12,7 @@ from ringfence.client import Client
 from ringfence.errors import ConfigError
 from ringfence.models import DeadJob
 from ringfence.redis.broker import Broker
-from ringfence.redis.connection import ConnectionSettings
+from ringfence.redis.connection import ConnectionSettings, RedisClients
 from ringfence.settings import (
     BreakerPolicy,
     RetryPolicy,
@@ -63,8 +63,12 @@ class App:
         retry_profiles: dict[str, RetryPolicy] | None = None,
         redis: ConnectionSettings | None = None,
         max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES,
+        redis_clients: RedisClients | None = None,
     ) -> None:
+        self.redis_clients = redis_clients  # ready-made client factories: used instead of the URL
         self._redis_url = redis_url or env_default("RINGFENCE_REDIS_URL")
+        if redis_clients is not None and self._redis_url is None:
+            self._redis_url = redis_clients.name
         self.namespace = check_name("namespace", namespace or env_default("RINGFENCE_NAMESPACE", "ringfence") or "")
         self.environment = check_name("environment", environment or env_default("RINGFENCE_ENV", "default") or "")
         self.worker_settings = worker or WorkerSettings()
@@ -118,7 +122,8 @@ class App:
     @property
     def broker(self) -> Broker:
         if self._broker is None:
-            self._broker = Broker(self.redis_url, self.namespace, connection=self.redis_settings)
+            self._broker = Broker(self.redis_url, self.namespace, connection=self.redis_settings,
+                                  clients=self.redis_clients)
         return self._broker
 
     @property

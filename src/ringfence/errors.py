@@ -12,6 +12,7 @@
     ├── BrokerError            Redis did something the broker did not expect
     │   ├── RedisFull          Redis is at maxmemory: writes that add data (enqueue) are refused
     │   └── CannotConnect      Redis cannot be reached or refused the login (or its URL is malformed)
+    │       └── BadRedisUrl    (also a ConfigError) an unknown scheme or a malformed cluster/Sentinel URL
     ├── JobError               raised by handlers to steer retries
     │   ├── Permanent          do not retry: dead-letter at once
     │   └── RetryLater         retry after a delay without burning an attempt
@@ -118,3 +119,8 @@ class SettleOnly(FenceError):
 
 class ReconcileTimeout(FenceError):
     """A ``reconcile`` hook did not answer within its ``reconcile_timeout_s``; the step stays as it was."""
+
+
+class BadRedisUrl(CannotConnect, ConfigError):
+    """The Redis URL cannot name a Redis (unknown scheme, no Sentinel service): a ConfigError, and for the CLI's
+    exit codes a CannotConnect (exit 3), as a malformed URL always was."""

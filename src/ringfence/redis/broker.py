@@ -19,7 +19,14 @@ from redis.exceptions import NoScriptError, OutOfMemoryError
 from ringfence.redis.call import Call, _ids, _str
 from ringfence.redis.clock import ServerClock
 from ringfence.redis.connect import check_url
-from ringfence.redis.connection import UNAVAILABLE, ConnectionSettings, Health, async_client, full_error, sync_client
+from ringfence.redis.connection import (
+    UNAVAILABLE,
+    ConnectionSettings,
+    Health,
+    RedisClients,
+    full_error,
+    url_clients,
+)
 from ringfence.redis.keys import Keys
 from ringfence.redis.reads import Reads
 from ringfence.redis.scripts import PROBE, script
@@ -67,12 +74,16 @@ class Broker(Reads):
     """Redis operations of one namespace. Clients are created lazily; both share nothing but keys."""
 
     def __init__(self, url: str, namespace: str = "ringfence", clock: Callable[[], int] | None = None,
-                 connection: ConnectionSettings | None = None) -> None:
-        check_url(url)
-        self.url = url
-        self.keys = Keys(namespace)
+                 connection: ConnectionSettings | None = None, clients: RedisClients | None = None) -> None:
         self.connection = connection or ConnectionSettings()
-        self.health = Health(url)
+        if clients is None:
+            check_url(url)
+            clients = url_clients(url, self.connection)
+        self.url = url or clients.name
+        self.clients = clients
+        self.cluster = clients.cluster
+        self.keys = Keys(namespace, cluster=self.cluster)
+        self.health = Health(self.url)
         self.server_clock = ServerClock(lambda: self.sync)
         self.clock: Callable[[], int] = clock or self.server_clock
         self._simulated = clock is not None
@@ -88,14 +99,33 @@ class Broker(Reads):
     @property
     def sync(self) -> redis.Redis:
         if self._sync is None:
-            self._sync = sync_client(self.url, self.connection)
+            self._sync = self.clients.sync()
         return self._sync
 
     @property
     def aio(self) -> aioredis.Redis:
         if self._aio is None:
-            self._aio = async_client(self.url, self.connection)
+            self._aio = self.clients.aio()
         return self._aio
+
+    def memory_infos(self) -> list[dict[str, Any]]:
+        """``INFO memory`` of every primary (one on a single Redis): maxmemory is per node on a cluster."""
+        if not self.cluster:
+            return [self.sync.info("memory")]
+        found: Any = self.sync.info("memory", target_nodes="primaries")
+        return list(found.values())
+
+    def _node_memory(self, key: str) -> dict[str, Any]:
+        if not self.cluster:
+            return self.sync.info("memory")
+        node = self.sync.get_node_from_key(key)  # type: ignore[attr-defined]
+        return self.sync.info("memory", target_nodes=node)
+
+    async def _anode_memory(self, key: str) -> dict[str, Any]:
+        if not self.cluster:
+            return await self.aio.info("memory")
+        node = self.aio.get_node_from_key(key)  # type: ignore[attr-defined]
+        return await self.aio.info("memory", target_nodes=node)
 
     async def aping(self) -> None:
         """One round trip that also measures the offset to the Redis clock (worker start, heartbeat)."""
@@ -112,38 +142,43 @@ class Broker(Reads):
         if isinstance(exc, redis.TimeoutError):
             # A socket that stops answering (half-open: NAT, failover) rarely dies alone: drop every pooled
             # connection so the next call opens a fresh one instead of waiting out a timeout per connection.
-            await self.aio.connection_pool.disconnect()
+            pool = getattr(self.aio, "connection_pool", None)  # a cluster client keeps one pool per node
+            if pool is not None:
+                await pool.disconnect()
 
-    def run(self, call: Call[T]) -> T:
+    def run(self, call: Call[T], report: bool = True) -> T:
+        """Run ``call``; ``report=False``: an unreachable Redis is left to the caller to report (no log line)."""
         try:
             if self._shebang is None:
                 self._shebang = _compiles(lambda: self.sync.eval(PROBE, 0))
-            source, sha = script(call.name).for_server(self._shebang)
+            source, sha = script(call.name).for_server(self._shebang, self.cluster)
             try:
                 raw = self.sync.evalsha(sha, len(call.keys), *call.keys, *call.args)
             except NoScriptError:
                 self.sync.script_load(source)
                 raw = self.sync.evalsha(sha, len(call.keys), *call.keys, *call.args)
         except OutOfMemoryError as exc:
-            raise full_error(call.name, self.sync.info("memory")) from exc
+            raise full_error(call.name, self._node_memory(call.keys[0] if call.keys else "")) from exc
         except UNAVAILABLE as exc:
-            self.health.lost(exc)
+            if report:
+                self.health.lost(exc)
             raise
-        self.health.ok()
+        if report:
+            self.health.ok()
         return call.parse(raw)
 
     async def arun(self, call: Call[T]) -> T:
         try:
             if self._shebang is None:
                 self._shebang = await _acompiles(self.aio.eval(PROBE, 0))
-            source, sha = script(call.name).for_server(self._shebang)
+            source, sha = script(call.name).for_server(self._shebang, self.cluster)
             try:
                 raw = await self.aio.evalsha(sha, len(call.keys), *call.keys, *call.args)
             except NoScriptError:
                 await self.aio.script_load(source)
                 raw = await self.aio.evalsha(sha, len(call.keys), *call.keys, *call.args)
         except OutOfMemoryError as exc:
-            raise full_error(call.name, await self.aio.info("memory")) from exc
+            raise full_error(call.name, await self._anode_memory(call.keys[0] if call.keys else "")) from exc
         except UNAVAILABLE as exc:
             await self._unavailable(exc)
             raise
@@ -298,7 +333,7 @@ class Broker(Reads):
             try:
                 self.sync.sadd(self.keys.queues, *names)
             except OutOfMemoryError as exc:
-                raise full_error("enqueue", self.sync.info("memory")) from exc
+                raise full_error("enqueue", self._node_memory(self.keys.queues)) from exc
 
     async def aregister_queues(self, queues: Iterable[str], what: str = "enqueue") -> None:
         names = list(queues)
@@ -306,7 +341,7 @@ class Broker(Reads):
             try:
                 await self.aio.sadd(self.keys.queues, *names)
             except OutOfMemoryError as exc:
-                raise full_error(what, await self.aio.info("memory")) from exc
+                raise full_error(what, await self._anode_memory(self.keys.queues)) from exc
 
     def queues(self) -> list[str]:
         return sorted(_ids(self.sync.smembers(self.keys.queues)))

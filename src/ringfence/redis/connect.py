@@ -9,6 +9,7 @@ import redis
 from redis.connection import parse_url
 
 from ringfence.errors import CannotConnect
+from ringfence.redis.connection import parse_target
 
 
 def safe_url(url: str) -> str:
@@ -24,7 +25,10 @@ def safe_url(url: str) -> str:
 
 
 def check_url(url: str) -> None:
-    """Refuse a malformed Redis URL (scheme, port) with one line."""
+    """Refuse a malformed Redis URL with one line: an unknown scheme or a malformed cluster or Sentinel URL is a
+    ``ConfigError``, a bad port of a single Redis ``CannotConnect``."""
+    if parse_target(url).kind != "single":
+        return
     try:
         parse_url(url)  # type: ignore[no-untyped-call]
     except ValueError as exc:

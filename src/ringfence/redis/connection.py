@@ -4,29 +4,41 @@ redis-py's own defaults retry a failed command 10 times with backoff, so one cal
 about a minute, longer than any lease. Here a command is retried once on a fresh connection (a stale
 pooled connection after a restart), never after a timeout (a script may have run), and a socket that stops
 answering fails after ``socket_timeout_s``. Query parameters of the URL (``?socket_timeout=2``) win over these.
-Sentinel or Cluster clients (issue 11) would be made here too.
+
+The URL also names a Redis Cluster (``redis+cluster://h1:p1,h2:p2/``) or a Sentinel set-up
+(``redis+sentinel://h1:p1,h2:p2/service_name``); ``rediss+…`` for TLS. Anything else: pass ready-made client
+factories (``RedisClients``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.cluster as aiocluster
+import redis.asyncio.sentinel as aiosentinel
+import redis.cluster
+import redis.sentinel
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import NoBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.connection import parse_url
+from redis.exceptions import ClusterDownError, ReadOnlyError, TryAgainError
 from redis.retry import Retry
 
-from ringfence.errors import RedisFull
+from ringfence.errors import BadRedisUrl, RedisFull
 
 log = logging.getLogger("ringfence.redis")
 
-#: Errors meaning "Redis did not answer" (refused, reset, timed out, loading): wait and try again.
-UNAVAILABLE: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
+#: Errors meaning "Redis did not answer" (refused, reset, timed out, loading, a cluster or Sentinel failover in
+#: progress, READONLY from a master that became a replica): wait and try again.
+UNAVAILABLE: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError, ClusterDownError,
+                                            TryAgainError, ReadOnlyError)
 #: Redis answered, with an error (a refused write, a script error).
 REFUSED: tuple[type[Exception], ...] = (redis.ResponseError, RedisFull)
 
@@ -62,24 +74,139 @@ class ConnectionSettings:
                 "health_check_interval": self.health_check_interval_s}
 
 
+@dataclass(frozen=True)
+class RedisClients:
+    """Ready-made client factories, for set-ups the URL forms do not cover; each is called once per process.
+
+    Example::
+
+        App(redis_clients=RedisClients(sync=lambda: RedisCluster(...), aio=lambda: aio.RedisCluster(...),
+                                       cluster=True))
+
+    ``cluster``: the clients talk to a Redis Cluster (namespace keys then share one hash tag, wake-ups use
+    sharded pub/sub).
+    """
+
+    sync: Callable[[], redis.Redis]
+    aio: Callable[[], aioredis.Redis]
+    cluster: bool = False
+    name: str = "custom Redis clients"  # in log lines, instead of a URL
+
+
+SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel")
+_FORMS = ("redis://host:port/db, rediss://… (TLS), unix:///path, redis+cluster://h1:p1,h2:p2/, "
+          "redis+sentinel://h1:p1,h2:p2/service_name (rediss+… for TLS)")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a URL names: ``kind`` single, cluster or sentinel; its nodes; the options of every connection."""
+
+    kind: str
+    nodes: tuple[tuple[str, int], ...] = ()
+    service: str = ""
+    options: tuple[tuple[str, Any], ...] = ()
+    sentinel_options: tuple[tuple[str, Any], ...] = ()
+
+
+def scheme_of(url: str) -> str:
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme.lower() not in SCHEMES:
+        raise BadRedisUrl(f"bad Redis URL {redact(url)}: unknown scheme {scheme + sep or url!r}; use {_FORMS}")
+    return scheme.lower()
+
+
+def parse_target(url: str) -> Target:
+    """Split a cluster or Sentinel URL into its nodes and the options every connection takes (auth, TLS and
+    query parameters parsed as redis-py parses them for one host)."""
+    scheme = scheme_of(url)
+    if "+" not in scheme:
+        return Target("single")
+    base, _, kind = scheme.partition("+")
+    parts = urlsplit(url)
+    auth, _, hosts = parts.netloc.rpartition("@")
+    default_port = 26379 if kind == "sentinel" else 6379
+    nodes = tuple(_node(h, default_port, url) for h in hosts.split(",") if h)
+    if not nodes:
+        raise BadRedisUrl(f"bad Redis URL {redact(url)}: names no host")
+    path = [p for p in parts.path.split("/") if p]
+    service = path.pop(0) if kind == "sentinel" and path else ""
+    if kind == "sentinel" and not service:
+        raise BadRedisUrl(f"bad Redis URL {redact(url)}: name the Sentinel service, as in redis+sentinel://h1:p1/mymaster")
+    one = f"{base}://{auth + '@' if auth else ''}{nodes[0][0]}/{'/'.join(path)}"
+    try:
+        options = parse_url(one + (f"?{parts.query}" if parts.query else ""))  # type: ignore[no-untyped-call]
+    except ValueError as exc:
+        raise BadRedisUrl(f"bad Redis URL {redact(url)}: {exc}") from None
+    options.pop("host", None)
+    options.pop("port", None)
+    if options.pop("connection_class", None) is not None:
+        options["ssl"] = True
+    sentinel = {k.removeprefix("sentinel_"): options.pop(k) for k in list(options) if k.startswith("sentinel_")}
+    if kind == "cluster" and options.pop("db", 0):
+        raise BadRedisUrl(f"bad Redis URL {redact(url)}: Redis Cluster has database 0 only")
+    return Target(kind, nodes, service, tuple(options.items()), tuple(sentinel.items()))
+
+
+def _node(text: str, default_port: int, url: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":") if ":" in text else (text, "", str(default_port))
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        raise BadRedisUrl(f"bad Redis URL {redact(url)}: bad port in {text!r}") from None
+
+
+def _cluster_retry() -> Retry:
+    # Once more after a failover or a reset connection (the client reloads the slot map in between).
+    return Retry(ExponentialBackoff(cap=0.5, base=0.1), 1)
+
+
 def sync_client(url: str, settings: ConnectionSettings) -> redis.Redis:
+    t = parse_target(url)
+    opts = {**settings._options(), **dict(t.options)}
+    if t.kind == "cluster":
+        nodes = [redis.cluster.ClusterNode(h, p) for h, p in t.nodes]  # type: ignore[no-untyped-call]
+        return cast(redis.Redis, redis.cluster.RedisCluster(startup_nodes=nodes, retry=_cluster_retry(), **opts))
     retry = Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
+    if t.kind == "sentinel":
+        sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            list(t.nodes), sentinel_kwargs={**settings._options(), **dict(t.sentinel_options)})
+        return cast(redis.Redis, sentinel.master_for(t.service, retry=retry, **opts))  # type: ignore[no-untyped-call]
     return redis.Redis.from_url(url, retry=retry, **settings._options())
 
 
 def async_client(url: str, settings: ConnectionSettings) -> aioredis.Redis:
-    retry = AsyncRetry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
-    return aioredis.Redis.from_url(url, retry=retry, **settings._options())
+    t = parse_target(url)
+    opts = {**settings._options(), **dict(t.options)}
+    if t.kind == "cluster":
+        nodes = [aiocluster.ClusterNode(h, p) for h, p in t.nodes]
+        retry = AsyncRetry(ExponentialBackoff(cap=0.5, base=0.1), 1)
+        return cast(aioredis.Redis, aiocluster.RedisCluster(startup_nodes=nodes, retry=retry, **opts))
+    aretry = AsyncRetry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
+    if t.kind == "sentinel":
+        sentinel = aiosentinel.Sentinel(  # type: ignore[no-untyped-call]
+            list(t.nodes), sentinel_kwargs={**settings._options(), **dict(t.sentinel_options)})
+        return cast(aioredis.Redis, sentinel.master_for(t.service, retry=aretry, **opts))
+    return aioredis.Redis.from_url(url, retry=aretry, **settings._options())
+
+
+def url_clients(url: str, settings: ConnectionSettings) -> RedisClients:
+    """The client factories a URL names (checked now: a malformed URL fails at once, in one line)."""
+    target = parse_target(url)
+    return RedisClients(sync=lambda: sync_client(url, settings), aio=lambda: async_client(url, settings),
+                        cluster=target.kind == "cluster", name=redact(url))
 
 
 def redact(url: str) -> str:
     """The URL without its password, for log lines."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+    except ValueError:
         return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    auth, _, hosts = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{auth.partition(':')[0]}:***@{hosts}"))
 
 
 class Health:

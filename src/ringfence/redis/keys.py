@@ -1,6 +1,9 @@
 """Every Redis key name ringfence uses, built in one place.
 
-Per-queue keys share the hash tag ``{namespace:queue}`` so each script touches one slot (Redis Cluster).
+Per-queue keys share the hash tag ``{namespace:queue}`` so each script touches one slot (Redis Cluster). The
+namespace keys (queues, servers, server_info, meta, dependencies) are read and written together by scripts: on a
+Redis Cluster they share the hash tag ``{namespace}`` (``ns:{ns}:servers``); on a single Redis or Sentinel they
+keep their untagged names (``ns:servers``), so existing deployments need no migration.
 """
 
 from __future__ import annotations
@@ -38,13 +41,14 @@ class BreakerKeys:
 
 
 class Keys:
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, cluster: bool = False) -> None:
         self.ns = namespace
-        self.queues = f"{namespace}:queues"      # set: every queue name ever used
-        self.servers = f"{namespace}:servers"    # zset: server id -> heartbeat expiry ms
-        self.server_info = f"{namespace}:server_info"  # hash: server id -> JSON host, pid, queues, running jobs
-        self.meta = f"{namespace}:meta"          # hash: env, created
-        self.dependencies = f"{namespace}:dependencies"  # set: every dependency with a circuit breaker
+        n = f"{namespace}:{{{namespace}}}" if cluster else namespace
+        self.queues = f"{n}:queues"      # set: every queue name ever used
+        self.servers = f"{n}:servers"    # zset: server id -> heartbeat expiry ms
+        self.server_info = f"{n}:server_info"  # hash: server id -> JSON host, pid, queues, running jobs
+        self.meta = f"{n}:meta"          # hash: env, created
+        self.dependencies = f"{n}:dependencies"  # set: every dependency with a circuit breaker
         self._cache: dict[str, QueueKeys] = {}
 
     def breaker(self, dependency: str) -> BreakerKeys:

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import redis
 
-from ringfence.redis.broker import Broker
+from ringfence.redis.broker import Broker, Call
 
 
 def _text(value: Any) -> str | None:
@@ -29,22 +29,27 @@ def _text(value: Any) -> str | None:
 
 # -- reads -----------------------------------------------------------------------------------------
 def config_value(broker: Broker, name: str) -> str | None:
-    """A ``CONFIG GET`` value; None where CONFIG is disabled (many managed Redis services)."""
+    """A ``CONFIG GET`` value; None where CONFIG is disabled (many managed Redis services). On a cluster, asked
+    of every primary: an evicting policy (``allkeys-*``) on any one of them wins, else the first value."""
     try:
-        found = broker.sync.config_get(name)
+        if broker.cluster:
+            per_node: Any = broker.sync.config_get(name, target_nodes="primaries")
+            answers = list(per_node.values())
+        else:
+            answers = [broker.sync.config_get(name)]
     except redis.ResponseError:
         return None
-    for key, value in found.items():
-        if _text(key) == name:
-            return _text(value)
-    return None
+    values = [_text(v) for found in answers for k, v in found.items() if _text(k) == name]
+    worst = [v for v in values if v and v.startswith("allkeys-")]
+    return (worst or values or [None])[0]
 
 
 def memory(broker: Broker) -> tuple[int, int, str]:
     """(used_memory, maxmemory (0: no limit), maxmemory_policy) from ``INFO memory`` (works where CONFIG is
-    disabled)."""
-    info = broker.sync.info("memory")
-    return int(info["used_memory"]), int(info.get("maxmemory") or 0), str(info.get("maxmemory_policy", "?"))
+    disabled). On a cluster: of the primary nearest its limit (it refuses enqueues first)."""
+    rows = [(int(i["used_memory"]), int(i.get("maxmemory") or 0), str(i.get("maxmemory_policy", "?")))
+            for i in broker.memory_infos()]
+    return max(rows, key=lambda r: (r[0] / r[1] if r[1] else 0.0, r[0]))
 
 
 def waiting_jobs(broker: Broker, queue: str, limit: int = 1000) -> tuple[list[tuple[bytes, int, int]], int]:
@@ -109,31 +114,12 @@ def _alerts_key(broker: Broker) -> str:
 def acquire_lease(broker: Broker, owner: str, ttl_s: float) -> bool:
     """Take or renew the alert evaluator lease; True while ``owner`` holds it."""
     key = f"{broker.keys.ns}:alerts:leader"
-    with broker.sync.pipeline() as p:
-        try:
-            p.watch(key)  # type: ignore[no-untyped-call]
-            holder = _text(p.get(key))
-            if holder not in (None, owner):
-                return False
-            p.multi()
-            p.set(key, owner, px=int(ttl_s * 1000))
-            p.execute()
-        except redis.WatchError:
-            return False  # another evaluator took it between our read and write
-    return True
+    return broker.run(Call("lease", [key], [owner, max(1, int(ttl_s * 1000))], bool), report=False)
 
 
 def release_lease(broker: Broker, owner: str) -> None:
     key = f"{broker.keys.ns}:alerts:leader"
-    with broker.sync.pipeline() as p:
-        try:
-            p.watch(key)  # type: ignore[no-untyped-call]
-            if _text(p.get(key)) == owner:
-                p.multi()
-                p.delete(key)
-                p.execute()
-        except redis.WatchError:
-            pass
+    broker.run(Call("lease", [key], [owner, 0], bool), report=False)
 
 
 def open_incident(broker: Broker, key: str, record: dict[str, Any]) -> bool:
@@ -143,11 +129,8 @@ def open_incident(broker: Broker, key: str, record: dict[str, Any]) -> bool:
 
 def close_incident(broker: Broker, key: str) -> dict[str, Any] | None:
     """Remove an incident; returns its record only to the caller that removed it."""
-    p = broker.sync.pipeline(transaction=True)
-    p.hget(_alerts_key(broker), key)
-    p.hdel(_alerts_key(broker), key)
-    raw, removed = p.execute()
-    return orjson.loads(raw) if removed and raw else None
+    raw = broker.run(Call("close_incident", [_alerts_key(broker)], [key], lambda raw: raw), report=False)
+    return orjson.loads(raw) if raw else None
 
 
 def incidents(broker: Broker) -> dict[str, dict[str, Any]]:

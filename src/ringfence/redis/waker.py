@@ -1,4 +1,5 @@
-"""Idle workers sleep on a pub/sub wake channel instead of polling."""
+"""Idle workers sleep on a pub/sub wake channel instead of polling (sharded pub/sub on a Redis 7 Cluster: each
+wake channel shares its queue's slot, so only that queue's node carries the message)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ class Waker:
 
     async def start(self) -> None:
         self._pubsub = self.broker.aio.pubsub(ignore_subscribe_messages=True)
-        await self._pubsub.subscribe(*[k.wake for k in self.queue_keys])
+        if self.broker.cluster:
+            await self._pubsub.ssubscribe(*[k.wake for k in self.queue_keys])
+        else:
+            await self._pubsub.subscribe(*[k.wake for k in self.queue_keys])
 
     async def mark_idle(self, until_s: float) -> None:
         now = self.broker.clock()
@@ -52,11 +56,27 @@ class Waker:
         """True when woken by a message, False on timeout. Drains queued messages."""
         if self._pubsub is None:
             await self.start()
+        if self.broker.cluster:
+            return await self._wait_sharded(timeout_s)
         msg = await self._pubsub.get_message(timeout=timeout_s)
         woke = msg is not None
         while msg is not None:
             msg = await self._pubsub.get_message(timeout=0)
         return woke
+
+    async def _wait_sharded(self, timeout_s: float) -> bool:
+        # One connection per node owning a wake channel; read each briefly in turn until the deadline.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        woke = False
+        while True:
+            step = max(0.0, min(0.05, deadline - loop.time()))
+            msg = await self._pubsub.get_sharded_message(ignore_subscribe_messages=True, timeout=step)
+            woke = woke or msg is not None
+            if msg is None and not self._pubsub.node_pubsub_mapping:
+                await asyncio.sleep(step)  # no node subscribed (yet): do not spin
+            if (woke and msg is None) or (not woke and loop.time() >= deadline):
+                return woke
 
     async def restart(self) -> None:
         """Subscribe again after a lost connection (errors are left for the next cycle to report)."""

@@ -101,6 +101,7 @@ class Worker:
         while True:
             try:
                 await b.aping()
+                await self._guard_environment()  # a Redis still loading its data answers PING, not this
                 return
             except UNAVAILABLE as exc:
                 refused = login_refused(exc, b.url)
@@ -139,7 +140,6 @@ class Worker:
 
     async def run(self) -> int:
         await self._connect()
-        await self._guard_environment()
         await asyncio.to_thread(self.app.prepare_fence_tables)  # not raced by the first jobs
         names = [q for q, _ in self.queues]
         await self._register(names)
@@ -183,11 +183,19 @@ class Worker:
         finally:
             if http is not None:
                 http.shutdown()
-            for component in loops:
-                await component.stop()
-            await self.broker.unregister_server(self.server_id)
-            await self.broker.aclose()
+            await self._clean_up(loops)
         return self.exit_code
+
+    async def _clean_up(self, loops: list[Any]) -> None:
+        """Stop the loops, unregister, close: an error here is logged and never changes the exit code."""
+        steps: list[tuple[str, Any]] = [(f"stopping {type(c).__name__}", c.stop) for c in loops]
+        steps += [("unregistering", lambda: self.broker.unregister_server(self.server_id)),
+                  ("closing the Redis clients", self.broker.aclose)]
+        for what, step in steps:
+            try:
+                await step()
+            except Exception as exc:  # shutdown goes on whatever one step raised
+                log.warning("shutdown: %s failed (%s: %s); exiting anyway", what, type(exc).__name__, exc)
 
 
 def loop_time() -> float:
