@@ -7,15 +7,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
-from ringfence import App, ConfigError
+from ringfence import App, ConfigError, RingfenceError
 from ringfence.inspect import info
 from ringfence.redis import observe
 from ringfence.redis.connection import parse_target
@@ -153,49 +156,98 @@ def test_namespace_keys_share_one_slot_on_a_cluster(cluster: Cluster) -> None:
 
 
 # -- failover ----------------------------------------------------------------------------------------
-def test_sentinel_failover_worker_resumes(tmp_path: Path, redis_url: str) -> None:
-    """The master is SIGKILLed while a worker runs jobs and a producer enqueues: the worker does not exit and
-    resumes on the promoted replica; every job that reached the new master runs; enqueues lost in the
-    failover (asynchronous replication) are counted."""
+PAD = "x" * 500_000  # the replication stream outgrows the socket buffers of a stopped replica: it falls behind
+
+
+def _padded(ctx: object, n: int, pad: str) -> None:
+    pass
+
+
+class Producer(threading.Thread):
+    """Enqueues delayed 500 KB jobs (they run after the failover, so a lost one never ran) until stopped; keeps
+    the ids Redis acknowledged and counts the enqueues refused."""
+
+    def __init__(self, app: App, durable: bool) -> None:
+        super().__init__(daemon=True)
+        self.task = app.task(name="padded")(_padded).with_options(delay_s=3.0, durable=durable)
+        self.acked: list[str] = []
+        self.refused: Counter[str] = Counter()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            try:
+                self.acked.append(self.task.enqueue(n=n, pad=PAD))
+            except (redis.RedisError, RingfenceError, OSError) as exc:
+                self.refused[type(exc).__name__] += 1
+                time.sleep(0.05)
+            time.sleep(0.01)
+
+
+def _run_times(rdb: redis.Redis, ns: str) -> dict[str, float]:
+    return {parts[0]: float(parts[2]) for parts in (r.decode().split() for r in rdb.lrange(f"{ns}:test:runs", 0, -1))}
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["async-replication", "durable"])
+def test_sentinel_failover_under_load(tmp_path: Path, redis_url: str, durable: bool) -> None:
+    """The replica falls behind (SIGSTOP, 1 s) while a producer enqueues, then the master is SIGKILLed and the
+    replica promoted. The worker never exits and resumes on the new master; every job the new master has runs.
+    Without the durability option the enqueues the old master acknowledged alone are lost (counted); with
+    ``durable=True`` every acknowledged enqueue runs (the others were refused with NotReplicated)."""
     s = SentinelSet(tmp_path)
     ns = f"t{uuid.uuid4().hex[:8]}"
     rdb = redis.Redis.from_url(redis_url)
-    w = worker(s.url, ns, redis_url, "--queues", "default", "--concurrency", "5")
+    w = worker(s.url, ns, redis_url, "--queues", "default", "--concurrency", "10")
+    app = App(s.url, ns, environment="test", replica_timeout_s=0.5)
+    probe = app.task(name="noop")(_noop)
+    producer = Producer(app, durable)
     try:
-        app = App(s.url, ns, environment="test")
-        noop = app.task(name="noop")(_noop)
-        acked: list[str] = []
-        for i in range(50):
-            acked.append(noop.enqueue(n=i))
-        wait_until(lambda: runs(rdb, ns) >= set(acked), timeout=30)
-        killed = time.monotonic()
+        first = probe.enqueue(n=0)
+        wait_until(lambda: first in runs(rdb, ns), timeout=30)
+        producer.start()
+        time.sleep(1.0)
+        os.kill(s.procs[s.replica].pid, signal.SIGSTOP)
+        time.sleep(2.0)
+        killed = time.time()
         s.kill(s.master)
-        failed = 0
-        resumed_at = None
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline:
-            try:
-                job = noop.enqueue(n=-1)
-                acked.append(job)
-            except (redis.RedisError, OSError):
-                failed += 1
-                time.sleep(0.2)
-                continue
-            if job in runs(rdb, ns):
-                resumed_at = time.monotonic()
-                break
-            time.sleep(0.1)
-        assert resumed_at is not None, "processing did not resume after the failover"
-        assert w.poll() is None, "the worker exited during the failover"
-        present = set(acked) - runs(rdb, ns)
-        wait_until(lambda: not (set(acked) - runs(rdb, ns)) or app.broker.queued_ids(present) == set(),
+        os.kill(s.procs[s.replica].pid, signal.SIGCONT)
+        after = _probe_until_it_runs(probe, rdb, ns)
+        resumed = _run_times(rdb, ns)[after] - killed
+        time.sleep(1.0)
+        producer.stop.set()
+        producer.join(10)
+        acked = set(producer.acked)
+        wait_until(lambda: not (acked - runs(rdb, ns)) or not app.broker.queued_ids(acked - runs(rdb, ns)),
                    timeout=30)
-        lost = set(acked) - runs(rdb, ns)
-        print(f"sentinel failover: processing resumed {resumed_at - killed:.1f}s after the master's SIGKILL; "
-              f"{len(lost)} acknowledged enqueue(s) lost, {failed} refused during the failover")
+        lost = acked - runs(rdb, ns)
+        assert w.poll() is None, "the worker exited during the failover"
+        print(f"\nsentinel failover ({'durable' if durable else 'async replication'}): processing resumed "
+              f"{resumed:.1f}s after the master's SIGKILL; {len(acked)} enqueues acknowledged, {len(lost)} of them "
+              f"lost; refused: {dict(producer.refused)}")
     finally:
+        producer.stop.set()
         w.send_signal(signal.SIGTERM)
         out = w.communicate(timeout=30)[0].decode(errors="replace")
         rdb.delete(f"{ns}:test:runs")
         s.stop()
     assert w.returncode == 0, out
+    if durable:
+        assert not lost and producer.refused["NotReplicated"] > 0
+    else:
+        assert lost and len(lost) < len(acked)  # the ones only the old master had; the rest ran
+
+
+def _probe_until_it_runs(probe: Any, rdb: redis.Redis, ns: str) -> str:
+    """Enqueue a job (retrying through the failover) and wait for a worker to run it; its id."""
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        try:
+            job = probe.enqueue(n=-1)
+        except (redis.RedisError, OSError):
+            time.sleep(0.1)
+            continue
+        wait_until(lambda j=job: j in runs(rdb, ns), timeout=30)
+        return str(job)
+    raise AssertionError("no enqueue succeeded within 40 s of the failover")

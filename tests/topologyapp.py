@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import redis
 
@@ -19,4 +20,9 @@ record = redis.Redis.from_url(os.environ["TEST_RECORD_URL"])
 
 @app.task(name="noop")
 async def noop(ctx, n: int) -> None:
-    record.rpush(f"{ns}:test:runs", f"{ctx.id} {n}")
+    record.rpush(f"{ns}:test:runs", f"{ctx.id} {n} {time.time()}")
+
+
+@app.task(name="padded")
+async def padded(ctx, n: int, pad: str) -> None:
+    record.rpush(f"{ns}:test:runs", f"{ctx.id} {n} {time.time()}")

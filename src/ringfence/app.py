@@ -64,8 +64,15 @@ class App:
         redis: ConnectionSettings | None = None,
         max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES,
         redis_clients: RedisClients | None = None,
+        min_replicas: int = 0,
+        replica_timeout_s: float = 1.0,
     ) -> None:
         self.redis_clients = redis_clients  # ready-made client factories: used instead of the URL
+        if type(min_replicas) is not int or min_replicas < 0:
+            raise ConfigError(f"min_replicas={min_replicas!r} must be an int >= 0")
+        check_seconds("replica_timeout_s", replica_timeout_s, minimum=None)
+        self.min_replicas = min_replicas  # replicas that confirm every enqueue (WAIT); 0: asynchronous replication
+        self.replica_timeout_s = replica_timeout_s
         self._redis_url = redis_url or env_default("RINGFENCE_REDIS_URL")
         if redis_clients is not None and self._redis_url is None:
             self._redis_url = redis_clients.name

@@ -12,6 +12,7 @@ import orjson
 
 from ringfence.errors import ConfigError, DuplicateJob, PayloadError
 from ringfence.models import JobSpec, new_job_id
+from ringfence.redis.replicas import arun_replicated, run_replicated
 from ringfence.settings import MAX_ATTEMPTS_LIMIT, check_name
 from ringfence.tasks import EnqueueOptions, Task
 
@@ -109,9 +110,24 @@ class Client:
         return ids
 
     def _new_queues(self, prepared: list[Prepared]) -> list[str]:
-        new = {p[0] for p in prepared} - self._known_queues
-        self._known_queues |= new
-        return sorted(new)
+        """Queues not registered yet by this client (marked known by the caller once registered)."""
+        return sorted({p[0] for p in prepared} - self._known_queues)
+
+    def _replicas(self, opts: EnqueueOptions) -> int:
+        wanted = opts.min_replicas if opts.min_replicas is not None else self.app.min_replicas
+        return max(wanted, 1) if opts.durable else wanted
+
+    def _run(self, call: Any, opts: EnqueueOptions) -> Any:
+        n = self._replicas(opts)
+        if n:
+            return run_replicated(self.app.broker, call, n, int(self.app.replica_timeout_s * 1000))
+        return self.app.broker.run(call)
+
+    async def _arun(self, call: Any, opts: EnqueueOptions) -> Any:
+        n = self._replicas(opts)
+        if n:
+            return await arun_replicated(self.app.broker, call, n, int(self.app.replica_timeout_s * 1000))
+        return await self.app.broker.arun(call)
 
     def enqueue(self, task: Task, payload: Any, opts: EnqueueOptions) -> str:
         return self.enqueue_many(task, [payload], opts)[0]
@@ -119,8 +135,10 @@ class Client:
     def enqueue_many(self, task: Task, payloads: Iterable[Any], opts: EnqueueOptions) -> list[str]:
         prepared = [self.prepare(task, p, opts) for p in payloads]
         broker = self.app.broker
-        broker.register_queues(self._new_queues(prepared))
-        return self._ids(prepared, [(idx, broker.run(call)) for idx, call in self._calls(prepared)], opts)
+        new = self._new_queues(prepared)
+        broker.register_queues(new)
+        self._known_queues.update(new)
+        return self._ids(prepared, [(idx, self._run(call, opts)) for idx, call in self._calls(prepared)], opts)
 
     async def aenqueue(self, task: Task, payload: Any, opts: EnqueueOptions) -> str:
         return (await self.aenqueue_many(task, [payload], opts))[0]
@@ -131,6 +149,9 @@ class Client:
         if not broker.server_clock.measured:
             await broker.aping()  # else the first read of the Redis clock would block the loop for a round trip
         prepared = [self.prepare(task, p, opts) for p in payloads]
-        await broker.aregister_queues(self._new_queues(prepared))
-        return self._ids(prepared, [(idx, await broker.arun(call)) for idx, call in self._calls(prepared)], opts)
+        new = self._new_queues(prepared)
+        await broker.aregister_queues(new)
+        self._known_queues.update(new)
+        return self._ids(prepared, [(idx, await self._arun(call, opts)) for idx, call in self._calls(prepared)],
+                         opts)
 

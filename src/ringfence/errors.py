@@ -11,6 +11,7 @@
     ├── DuplicateJob           a unique enqueue found the key held by a queued or running job
     ├── BrokerError            Redis did something the broker did not expect
     │   ├── RedisFull          Redis is at maxmemory: writes that add data (enqueue) are refused
+    │   ├── NotReplicated      a durable write reached fewer replicas than asked within its timeout
     │   └── CannotConnect      Redis cannot be reached or refused the login (or its URL is malformed)
     │       └── BadRedisUrl    (also a ConfigError) an unknown scheme or a malformed cluster/Sentinel URL
     ├── JobError               raised by handlers to steer retries
@@ -71,6 +72,11 @@ class BrokerError(RingfenceError):
 class RedisFull(BrokerError):
     """Redis reached ``maxmemory``: what adds data (enqueue) is refused; what moves or shrinks it (leases, acks,
     retries, dead-letter, recovery) still runs, so workers drain the queues."""
+
+
+class NotReplicated(BrokerError):
+    """A durable enqueue (``durable=True``/``min_replicas``) reached fewer replicas than asked in time: the job
+    is queued on the master, but a failover before it replicates loses it."""
 
 
 class CannotConnect(BrokerError):

@@ -104,6 +104,8 @@ class EnqueueOptions:
     unique_for: float | None = None
     unique_key: str | Callable[[dict[str, Any]], str] | None = None
     raise_on_duplicate: bool = False
+    durable: bool = False            # wait for a replica (min_replicas, or the App's, at least 1): redis/replicas.py
+    min_replicas: int | None = None  # replicas that must confirm the enqueue (0: do not wait)
 
     def __post_init__(self) -> None:
         check_seconds("delay_s", self.delay_s, minimum=0.0)
@@ -113,6 +115,8 @@ class EnqueueOptions:
             raise ConfigError(f"enqueue option run_at={self.run_at!r} must be a datetime with a timezone")
         if self.max_attempts is not None and type(self.max_attempts) is not int:
             raise ConfigError(f"enqueue option max_attempts={self.max_attempts!r} must be an int")
+        if self.min_replicas is not None and (type(self.min_replicas) is not int or self.min_replicas < 0):
+            raise ConfigError(f"enqueue option min_replicas={self.min_replicas!r} must be an int >= 0")
 
 
 def check_seconds(name: str, value: Any, *, minimum: float | None) -> None:

@@ -146,12 +146,16 @@ class Broker(Reads):
             if pool is not None:
                 await pool.disconnect()
 
+    def supports_flags(self) -> bool:
+        """Does the server take script flags (Redis 7+)? Probed once."""
+        if self._shebang is None:
+            self._shebang = _compiles(lambda: self.sync.eval(PROBE, 0))
+        return self._shebang
+
     def run(self, call: Call[T], report: bool = True) -> T:
         """Run ``call``; ``report=False``: an unreachable Redis is left to the caller to report (no log line)."""
         try:
-            if self._shebang is None:
-                self._shebang = _compiles(lambda: self.sync.eval(PROBE, 0))
-            source, sha = script(call.name).for_server(self._shebang, self.cluster)
+            source, sha = script(call.name).for_server(self.supports_flags(), self.cluster)
             try:
                 raw = self.sync.evalsha(sha, len(call.keys), *call.keys, *call.args)
             except NoScriptError:
