@@ -1,10 +1,11 @@
-"""Bulk reads for reconciliation: every fence row of a step, and a provider's records kept in a SQL table."""
+"""Bulk reads for reconciliation and the dashboard: every fence row of a step, rows by owner, counts by state,
+and a provider's records kept in a SQL table."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from sqlalchemy import MetaData, Table, select
+from sqlalchemy import MetaData, Table, func, select
 
 from .model import FenceRow
 from .store import FenceStore, _row
@@ -34,3 +35,22 @@ def table_records(store: FenceStore, table: str, columns: list[str | None]) -> I
     with store.engine.connect() as conn:
         for m in conn.execute(select(*(t.c[c] for c in wanted))).mappings():
             yield tuple(None if c is None else m[c] for c in columns)
+
+
+def owner_rows(store: FenceStore, job_id: str, limit: int = 50) -> list[FenceRow]:
+    """Fence rows whose owner is (or last was) job ``job_id``, latest first."""
+    t = store.table
+    q = store._select().where(t.c.owner_job_id == job_id).order_by(t.c.updated_at.desc()).limit(limit)
+    with store.engine.connect() as conn:
+        return [_row(m) for m in conn.execute(q).mappings()]
+
+
+def state_counts(store: FenceStore) -> dict[str, dict[str, int]]:
+    """step -> state -> rows (one GROUP BY over the state and step columns)."""
+    t = store.table
+    q = select(t.c.step, t.c.state, func.count()).group_by(t.c.step, t.c.state)
+    out: dict[str, dict[str, int]] = {}
+    with store.engine.connect() as conn:
+        for step, state, n in conn.execute(q):
+            out.setdefault(str(step), {})[str(state)] = int(n)
+    return out

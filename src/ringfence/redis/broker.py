@@ -16,6 +16,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, OutOfMemoryError
 
+from ringfence.redis.admin import Admin
 from ringfence.redis.call import Call, _ids, _str
 from ringfence.redis.clock import ServerClock
 from ringfence.redis.connect import check_url
@@ -70,7 +71,7 @@ async def _acompiles(probe: Any) -> bool:
     return True
 
 
-class Broker(Reads):
+class Broker(Reads, Admin):
     """Redis operations of one namespace. Clients are created lazily; both share nothing but keys."""
 
     def __init__(self, url: str, namespace: str = "ringfence", clock: Callable[[], int] | None = None,
@@ -284,13 +285,13 @@ class Broker(Reads):
 
     def ack(self, queue: str, done: Iterable[tuple[str, str]]) -> Call[list[str]]:
         k = self.keys.queue(queue)
-        args = [x for pair in done for x in pair]
-        return Call("ack", [k.active, k.lease, k.jobs, k.attempts, k.history, k.stats], args, _ids)
+        args = [self.clock(), *(x for pair in done for x in pair)]
+        return Call("ack", [k.active, k.lease, k.jobs, k.attempts, k.history, k.stats, k.minutes], args, _ids)
 
     def retry(self, queue: str, job_id: str, token: str, at_ms: int, entry: dict[str, Any]) -> Call[bool]:
         k = self.keys.queue(queue)
-        return Call("retry", [k.active, k.lease, k.retry, k.history, k.stats],
-                    [job_id, token, at_ms, orjson.dumps(entry)], bool)
+        return Call("retry", [k.active, k.lease, k.retry, k.history, k.stats, k.minutes],
+                    [job_id, token, at_ms, orjson.dumps(entry), self.clock()], bool)
 
     def requeue(self, queue: str, job_id: str, token: str, at_ms: int, counter: str) -> Call[bool]:
         """Give the job back without counting the attempt; ``counter`` names the stats field to bump."""
@@ -303,7 +304,7 @@ class Broker(Reads):
         """Move the job to dead-letter; ``durable``: a failed_jobs row is owed for it (``durable`` set)."""
         k = self.keys.queue(queue)
         return Call("dead", [k.active, k.lease, k.jobs, k.attempts, k.history, k.dead, k.dead_jobs, k.stats,
-                             k.durable],
+                             k.durable, k.minutes],
                     [job_id, token, self.clock(), orjson.dumps(entry), orjson.dumps(fields), int(durable)], bool)
 
     async def durable_done(self, queue: str, ids: Sequence[str]) -> None:

@@ -31,6 +31,7 @@ class QueueKeys:
     unique: str      # hash: unique key -> id of the job holding it
     unique_exp: str  # zset: unique key -> ms when the hold ends
     cron: str        # hash: periodic name -> last tick ms handled
+    minutes: str     # hash: p<minute>/f<minute> -> processed/failed in that minute (a day kept; dashboard)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class Keys:
                 unique=f"{p}:unique",
                 unique_exp=f"{p}:unique_exp",
                 cron=f"{p}:cron",
+                minutes=f"{p}:minutes",
             )
             self._cache[name] = keys
         return keys

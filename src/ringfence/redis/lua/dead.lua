@@ -9,10 +9,23 @@
 -- KEYS[7] dead_jobs  hash  id -> record JSON
 -- KEYS[8] stats      hash
 -- KEYS[9] durable    zset  id -> died ms: the failed_jobs row is owed (worker/durable.py)
+-- KEYS[10] minutes   hash  per-minute counts (f<minute>: failed attempts)
 -- ARGV[1] id  ARGV[2] token  ARGV[3] now ms  ARGV[4] last history entry JSON
 -- ARGV[5] record fields JSON object (reason, error, traceback, ...)
 -- ARGV[6] 1 when a failed_jobs row will be written for this job, else 0
 -- Returns: 1, or 0 when this attempt no longer held the lease.
+-- per-minute counts for the dashboard's charts (field kind..minute); a day is kept, trimmed when a minute starts
+local function per_minute(key, kind, now_ms, n)
+  local m = math.floor(tonumber(now_ms) / 60000)
+  if redis.call('HINCRBY', key, kind .. m, n) == n then
+    redis.call('PEXPIRE', key, 90000000)
+    if redis.call('HLEN', key) > 4400 then
+      for _, f in ipairs(redis.call('HKEYS', key)) do
+        if (tonumber(string.sub(f, 2)) or 0) < m - 1440 then redis.call('HDEL', key, f) end
+      end
+    end
+  end
+end
 local id = ARGV[1]
 if redis.call('HGET', KEYS[2], id) ~= ARGV[2] then return 0 end
 local spec = redis.call('HGET', KEYS[3], id)
@@ -37,4 +50,5 @@ redis.call('HDEL', KEYS[4], id)
 redis.call('HDEL', KEYS[5], id)
 redis.call('HINCRBY', KEYS[8], 'dead', 1)
 redis.call('HINCRBY', KEYS[8], 'failed', 1)
+per_minute(KEYS[10], 'f', ARGV[3], 1)
 return 1

@@ -1,0 +1,51 @@
+"""``ringfence job show|cancel`` and ``ringfence queue purge``."""
+
+from __future__ import annotations
+
+import click
+
+from ringfence import jobs
+from ringfence.app import App
+from ringfence.cli import app_option, main
+from ringfence.cli.ops import _known_queue, print_json, queue
+from ringfence.errors import ConfigError
+
+
+@main.group()
+def job() -> None:
+    """One job, whatever its state: show it, cancel it."""
+
+
+@job.command()
+@app_option
+@click.argument("job_id")
+def show(app: App, job_id: str) -> None:
+    """The job as JSON: queue, state, payload, attempts, history, error and traceback."""
+    found = jobs.find_job(app, job_id)
+    if found is None:
+        raise ConfigError(f"no job {job_id!r} in namespace {app.namespace} (finished jobs are forgotten)")
+    print_json(found.to_dict())
+
+
+@job.command()
+@app_option
+@click.argument("job_id")
+def cancel(app: App, job_id: str) -> None:
+    """Cancel a pending, scheduled, retrying or running job (a running one sees ``ctx.cancelled``). A job that
+    owns a fence step past capture goes to dead-letter instead (its calling step becomes in_doubt)."""
+    queue_name, left = jobs.cancel_job(app, job_id)
+    click.echo(f"cancelled {job_id} (was {left} in {queue_name})")
+
+
+@queue.command()
+@app_option
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="confirm: every pending job of NAME is deleted")
+def purge(app: App, name: str, yes: bool) -> None:
+    """Delete every pending job of queue NAME (scheduled, retrying, running and dead jobs stay)."""
+    _known_queue(app, name)
+    if not yes:
+        raise ConfigError(f"purge deletes every pending job of {name}: add --yes to confirm")
+    deleted, moved = jobs.purge_queue(app, name)
+    note = f"; {moved} owning a fence step past capture moved to dead-letter" if moved else ""
+    click.echo(f"purged {deleted} pending job(s) of {name}{note}")

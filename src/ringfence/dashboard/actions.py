@@ -1,0 +1,162 @@
+"""The dashboard's actions (POST only): each needs the token or the host app's auth, and the CSRF value;
+``--read-only`` refuses them all. Bulk dead-letter actions run one bounded batch per request and the page
+submits the next one itself, showing the progress."""
+
+from __future__ import annotations
+
+import hmac
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from ringfence import inspect, jobs
+from ringfence.dashboard.security import AUTH_COOKIE, csrf_ok, token_proof
+from ringfence.errors import RingfenceError
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from ringfence.dashboard.routes import Dashboard
+
+BATCH = 500  # dead jobs per request of a bulk action
+
+
+def _back(base: str, path: str, **query: Any) -> RedirectResponse:
+    q = urlencode({k: v for k, v in query.items() if v not in (None, "")})
+    return RedirectResponse(f"{base}{path}" + (f"?{q}" if q else ""), status_code=303)
+
+
+def _guarded(d: Dashboard, fn: Callable[[Dashboard, Request, Any], Awaitable[Response]]
+             ) -> Callable[[Request], Awaitable[Response]]:
+    """CSRF first (every POST), then read-only, then who is asking; a refused input comes back as one line."""
+    async def endpoint(request: Request) -> Response:
+        form = await request.form()
+        if not csrf_ok(request, form.get("csrf")):
+            return PlainTextResponse("refused: missing or wrong CSRF value (reload the page)", 403)
+        if d.guard.read_only:
+            return PlainTextResponse("refused: the dashboard is read-only", 403)
+        if not d.guard.allowed(request):
+            return PlainTextResponse("refused: log in with the dashboard token first", 403)
+        try:
+            return await fn(d, request, form)
+        except RingfenceError as exc:
+            return _back(request.scope.get("root_path", ""), "/", msg=f"refused: {exc}")
+    return endpoint
+
+
+def _base(request: Request) -> str:
+    return str(request.scope.get("root_path", ""))
+
+
+async def _login(d: Dashboard, request: Request) -> Response:
+    if request.method == "GET":
+        return d.render(request, "login.html", page="login")
+    form = await request.form()
+    if not csrf_ok(request, form.get("csrf")):
+        return PlainTextResponse("refused: missing or wrong CSRF value (reload the page)", 403)
+    sent = str(form.get("token", ""))
+    if d.guard.token is None or not hmac.compare_digest(sent, d.guard.token):
+        return d.render(request, "login.html", status=403, page="login", error="wrong token")
+    resp = _back(_base(request), "/", msg="logged in: actions enabled")
+    resp.set_cookie(AUTH_COOKIE, token_proof(d.guard.token), httponly=True, samesite="strict",
+                    path=_base(request) or "/")
+    return resp
+
+
+async def _pause(d: Dashboard, request: Request, form: Any) -> Response:
+    queue, paused = str(form.get("queue", "")), form.get("paused") == "1"
+    if queue not in d.app.broker.queues():
+        return PlainTextResponse(f"no queue {queue!r}", 404)
+    d.app.broker.set_paused(queue, paused)
+    return _back(_base(request), "/", msg=f"{'paused' if paused else 'resumed'} {queue}")
+
+
+async def _cancel(d: Dashboard, request: Request, form: Any) -> Response:
+    job_id = str(form.get("id", ""))
+    queue, left = jobs.cancel_job(d.app, job_id)
+    msg = f"cancelled job {job_id} (was {left} in {queue})"
+    if left.endswith("dead"):  # it owns a fence step past capture: kept in dead-letter, shown there
+        return _back(_base(request), "/jobs", id=job_id, msg=msg)
+    state = left if left in ("pending", "scheduled", "retry") else "active"
+    return _back(_base(request), f"/queues/{queue}/{state}", msg=msg)
+
+
+async def _purge(d: Dashboard, request: Request, form: Any) -> Response:
+    queue, typed = str(form.get("queue", "")), str(form.get("confirm", ""))
+    if queue not in d.app.broker.queues() or typed != queue:
+        return _back(_base(request), f"/queues/{queue}/pending", msg="not purged: type the queue's name to confirm")
+    deleted, moved = jobs.purge_queue(d.app, queue)
+    note = f"; {moved} owning a fence step moved to dead-letter" if moved else ""
+    return _back(_base(request), f"/queues/{queue}/pending", msg=f"purged {deleted} pending job(s) of {queue}{note}")
+
+
+async def _dead(d: Dashboard, request: Request, form: Any) -> Response:
+    return _dead_action(d, request, form)
+
+
+async def _resolve(d: Dashboard, request: Request, form: Any) -> Response:
+    """Settle an in-doubt step; the fences page then offers its dead job's replay."""
+    from ringfence.errors import FenceError
+
+    subject, step, outcome = str(form.get("subject", "")), str(form.get("step", "")), form.get("outcome")
+    reference = str(form.get("reference", "")).strip() or None
+    store = d.app.fence_store_in_use()
+    if store is None:
+        return PlainTextResponse("no fence database", 404)
+    if outcome == "done" and not reference:
+        return _back(_base(request), "/fences", msg="not resolved: 'done' needs the provider's reference")
+    row = store.get(subject, step)
+    owner = row.owner_job_id if row is not None else None
+    try:
+        row = store.resolve(subject, step, happened=outcome == "done", reference=reference)
+    except FenceError as exc:
+        return _back(_base(request), "/fences", msg=f"not resolved: {exc}")
+    return _back(_base(request), "/fences", replay=owner,
+                 msg=f"{subject}/{step}: now {row.state} (epoch {row.epoch}); replay its job to finish it")
+
+
+def routes(d: Dashboard) -> list[Route]:
+    async def login(request: Request) -> Response:
+        return await _login(d, request)
+
+    return [
+        Route("/login", login, methods=["GET", "POST"]),
+        Route("/actions/pause", _guarded(d, _pause), methods=["POST"]),
+        Route("/actions/cancel", _guarded(d, _cancel), methods=["POST"]),
+        Route("/actions/purge", _guarded(d, _purge), methods=["POST"]),
+        Route("/actions/dead", _guarded(d, _dead), methods=["POST"]),
+        Route("/actions/resolve", _guarded(d, _resolve), methods=["POST"]),
+    ]
+
+
+def _dead_action(d: Dashboard, request: Request, form: Any) -> Response:
+    """Replay or delete dead jobs: the ids selected, or (``all``) one batch of those matching the filter."""
+    app = d.app
+    op, queue = form.get("op"), str(form.get("queue", ""))
+    if op not in ("replay", "delete") or queue not in app.broker.queues():
+        return PlainTextResponse("say op=replay|delete and a queue", 400)
+    flt = inspect.DeadFilter(queue=queue, task=str(form.get("task", "")) or None,
+                             error=str(form.get("error", "")) or None)
+    bulk = form.get("all") == "1"
+    if bulk:
+        ids = [j.id for j in inspect.dead_jobs(app.broker, flt, BATCH) if not j.malformed or op == "delete"]
+    else:
+        ids = [str(i) for i in form.getlist("id")][:BATCH]
+    failed = app.failed_jobs
+    if op == "replay":
+        replayed = app.broker.run(app.broker.replay(queue, ids)) if ids else []
+        if failed is not None and replayed:
+            failed.mark_replayed(replayed)
+        n = len(replayed)
+    else:
+        n = app.broker.run(app.broker.delete_dead(queue, ids)) if ids else 0
+        if failed is not None and ids:
+            failed.delete(ids)
+    done = int(form.get("done", 0) or 0) + n
+    left = int(app.broker.sync.zcard(app.broker.keys.queue(queue).dead))
+    more = bulk and n == BATCH
+    return d.render(request, "progress.html", page="progress", op=op, queue=queue, done=done, left=left, more=more,
+                    flt={"task": flt.task or "", "error": flt.error or ""})

@@ -1,0 +1,149 @@
+"""The dashboard's pages (GET, read-only) and the Starlette app around them; actions are in ``actions.py``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ringfence import jobs
+from ringfence.dashboard import views
+from ringfence.dashboard.security import CSRF_COOKIE, Guard, new_csrf, redact
+from ringfence.redis.admin import STATES
+
+if TYPE_CHECKING:
+    from ringfence.app import App
+
+PAGE = 50          # jobs per page when browsing a state
+SCAN_PAGES = 20    # with a filter: at most this many pages read per request (then "next" goes on)
+
+
+class Dashboard:
+    """State shared by the routes of one dashboard app."""
+
+    def __init__(self, app: App, guard: Guard, redact_fields: tuple[str, ...], refresh_s: float) -> None:
+        self.app, self.guard, self.redact_fields, self.refresh_s = app, guard, redact_fields, refresh_s
+        self.doctor = views.DoctorView()
+        self.env = Environment(loader=PackageLoader("ringfence.dashboard", "templates"),
+                               autoescape=select_autoescape(["html"]))
+        self.env.filters["redact"] = lambda v: redact(v, self.redact_fields)
+        self.env.filters["ago"] = _ago
+
+    def render(self, request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+        csrf = request.cookies.get(CSRF_COOKIE) or new_csrf()
+        base = request.scope.get("root_path", "")
+        html = self.env.get_template(name).render(
+            request=request, base=base, csrf=csrf, can_act=self.guard.allowed(request),
+            actions_possible=self.guard.actions_possible, read_only=self.guard.read_only,
+            partial=request.headers.get("x-partial") == "1", refresh_s=self.refresh_s,
+            namespace=self.app.namespace, msg=request.query_params.get("msg", ""),
+            now_ms=self.app.broker.clock(), **ctx)
+        resp = HTMLResponse(html, status_code=status)
+        if CSRF_COOKIE not in request.cookies:
+            resp.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict", path=base or "/")
+        return resp
+
+
+def _ago(ms: float, now_ms: float) -> str:
+    if not ms:
+        return "-"
+    s = max(0.0, (now_ms - ms) / 1000)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s / size:.1f}{unit} ago"
+    return f"{s:.1f}s ago"
+
+
+def build(app: App, *, read_only: bool, token: str | None, authorize: Any, redact: tuple[str, ...],
+          refresh_s: float) -> Starlette:
+    from ringfence.dashboard import actions
+
+    d = Dashboard(app, Guard(token, authorize, read_only), redact, refresh_s)
+
+    async def overview(request: Request) -> Response:
+        return d.render(request, "overview.html", page="overview", **views.overview(app))
+
+    async def servers(request: Request) -> Response:
+        return d.render(request, "servers.html", page="servers", servers=views.servers(app))
+
+    async def job(request: Request) -> Response:
+        job_id = request.query_params.get("id", "").strip()
+        found = jobs.find_job(app, job_id) if job_id else None
+        steps: list[Any] = []
+        store = app.fence_store_in_use() if found else None
+        if store is not None:
+            from ringfence.fence.reads import owner_rows
+
+            steps = owner_rows(store, job_id)
+        return d.render(request, "job.html", page="jobs", job_id=job_id, job=found, steps=steps,
+                        status=404 if job_id and found is None else 200)
+
+    async def browse(request: Request) -> Response:
+        queue, state = request.path_params["queue"], request.path_params["state"]
+        if state not in STATES or queue not in app.broker.queues():
+            return d.render(request, "job.html", page="jobs", job_id="", job=None, steps=[], status=404,
+                            missing=f"no state {state!r} of queue {queue!r}")
+        q = request.query_params
+        flt = {"task": q.get("task", "").strip(), "error": q.get("error", "").strip(),
+               "min_age_s": _float(q.get("min_age_s"))}
+        offset = max(0, int(_float(q.get("offset")) or 0))
+        found, next_offset = _scan(app, queue, state, offset, flt)
+        return d.render(request, "browse.html", page="jobs", queue=queue, state=state, jobs=found, flt=flt,
+                        offset=offset, next_offset=next_offset, states=STATES,
+                        paused=app.broker.queue_counts(queue)["paused"])
+
+    async def fences(request: Request) -> Response:
+        replay = request.query_params.get("replay", "")
+        dead = replay and jobs.find_job(app, replay)
+        return d.render(request, "fences.html", page="fences", replay=dead if dead and dead.state == "dead" else None,
+                        **views.fences(app))
+
+    async def doctor(request: Request) -> Response:
+        return d.render(request, "doctor.html", page="doctor", findings=d.doctor.findings(app))
+
+    static = StaticFiles(packages=[("ringfence.dashboard", "static")])
+    routes = [
+        Route("/", overview), Route("/servers", servers), Route("/jobs", job),
+        Route("/queues/{queue}/{state}", browse), Route("/fences", fences), Route("/doctor", doctor),
+        *actions.routes(d), Mount("/static", static, name="static"),
+    ]
+    return Starlette(routes=routes)
+
+
+def _float(raw: str | None) -> float:
+    try:
+        return float(raw) if raw else 0.0
+    except ValueError:
+        return 0.0
+
+
+def _scan(app: App, queue: str, state: str, offset: int, flt: dict[str, Any]) -> tuple[list[Any], int | None]:
+    """One page of matches from ``offset``; with a filter, reads at most SCAN_PAGES pages. Returns the jobs and
+    the offset to go on from (None at the end)."""
+    out: list[Any] = []
+    now = app.broker.clock()
+    for _ in range(SCAN_PAGES if any(flt.values()) else 1):
+        page = jobs.browse(app, queue, state, offset, PAGE)
+        offset += PAGE
+        out += [j for j in page if _matches(j, flt, now, state)]
+        if len(page) < PAGE:
+            return out, None
+        if len(out) >= PAGE:
+            break
+    return out, offset
+
+
+def _matches(j: Any, flt: dict[str, Any], now: float, state: str) -> bool:
+    if flt["task"] and j.task != flt["task"]:
+        return False
+    if flt["error"] and flt["error"].lower() not in j.error.lower():
+        return False
+    born = j.died_ms if state == "dead" else j.enqueued_ms
+    return not (flt["min_age_s"] and born and (now - born) / 1000 < flt["min_age_s"])
+
+

@@ -1,0 +1,84 @@
+"""What each page shows, read from Redis and the fence database in bounded reads (never every job)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from ringfence.dashboard.charts import buckets, line_chart
+
+if TYPE_CHECKING:
+    from ringfence.app import App
+
+
+def overview(app: App) -> dict[str, Any]:
+    broker = app.broker
+    now = broker.clock()
+    minute = now // 60_000
+    rows, total = [], {}  # type: ignore[var-annotated]
+    for q in broker.queues():
+        c = broker.queue_counts(q)
+        mins = broker.minutes(q)
+        for key, v in mins.items():
+            total[key] = total.get(key, 0) + v
+        oldest = c["oldest_enqueued_ms"]
+        rows.append({
+            "queue": q, "pending": c["pending"], "active": c["active"], "scheduled": c["scheduled"],
+            "retry": c["retry"], "dead": c["dead"], "paused": c["paused"],
+            "processed_min": mins.get(f"p{minute - 1}", 0), "failed_min": mins.get(f"f{minute - 1}", 0),
+            "processed": c["stats"].get("processed", 0), "failed": c["stats"].get("failed", 0),
+            "latency_s": round(max(0.0, (now - oldest) / 1000), 1) if oldest is not None else 0.0,
+        })
+    charts = []
+    for label, minutes, step, left in (("last hour", 60, 1, "-60 min"), ("last day", 1440, 15, "-24 h")):
+        per = f"per {'minute' if step == 1 else f'{step} minutes'}"
+        charts.append(line_chart(f"Throughput, {label} ({per})",
+                                 [("processed", buckets(total, "p", minute, minutes, step), "s-ok")], left))
+        charts.append(line_chart(f"Failures, {label} ({per})",
+                                 [("failed attempts", buckets(total, "f", minute, minutes, step), "s-bad")], left))
+        lat = buckets(total, "l", minute, minutes, step)
+        if step > 1:
+            lat = [v / step for v in lat]
+        charts.append(line_chart(f"Latency, {label} (oldest pending, s; sampled by workers)",
+                                 [("latency", [round(v / 1000, 1) for v in lat], "s-lat")], left, unit="s"))
+    return {"queues": rows, "charts": charts, "environment": broker.environment()}
+
+
+def servers(app: App) -> list[dict[str, Any]]:
+    from ringfence import inspect
+
+    now = app.broker.clock() / 1000
+    out = []
+    for s in inspect.servers(app.broker):
+        out.append({**s, "running_n": len(s.get("running", [])), "beat_age_s": round(now - s.get("heartbeat", now), 1),
+                    "up_s": int(now - s.get("started", now))})
+    return out
+
+
+def fences(app: App) -> dict[str, Any]:
+    store = app.fence_store_in_use()
+    if store is None:
+        return {"store": False, "counts": {}, "in_doubt": []}
+    from ringfence.fence.reads import state_counts
+
+    return {"store": True, "counts": state_counts(store), "in_doubt": store.list(state="in_doubt", limit=200)}
+
+
+class DoctorView:
+    """The doctor refreshed live: each request compares with the snapshot of the previous one (or samples
+    ``min_gap_s`` apart when that one is missing or stale)."""
+
+    def __init__(self, min_gap_s: float = 0.5, stale_s: float = 60.0) -> None:
+        self.min_gap_s, self.stale_s = min_gap_s, stale_s
+        self.last: tuple[float, Any] | None = None
+
+    def findings(self, app: App) -> list[Any]:
+        from ringfence.doctor import Context, Snapshot, Thresholds, run_checks
+
+        before = self.last[1] if self.last and time.monotonic() - self.last[0] < self.stale_s else None
+        if before is None:
+            before = Snapshot.take(app.broker)
+            time.sleep(self.min_gap_s)
+        after = Snapshot.take(app.broker)
+        self.last = (time.monotonic(), after)
+        return run_checks(Context(app, before, after, Thresholds(sample_s=self.min_gap_s)))

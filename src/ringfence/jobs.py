@@ -1,0 +1,166 @@
+"""Operations on single jobs and whole queues by a person (CLI ``job``/``queue purge`` and the dashboard):
+find a job in any state, browse a state page by page, cancel, purge.
+
+A job that leaves its queue while it owns a fence step past capture never hides the effect: it goes to
+dead-letter (reason ``cancelled``) instead of vanishing, and a ``calling`` step it owns becomes ``in_doubt``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ringfence import inspect
+from ringfence.errors import BadRecord, ConfigError, FencedOut
+from ringfence.fence.model import FenceState
+from ringfence.models import JobSpec
+
+if TYPE_CHECKING:
+    from ringfence.app import App
+
+log = logging.getLogger("ringfence.jobs")
+
+PURGE_BATCH = 1000  # pending jobs deleted per script call
+
+
+@dataclass
+class JobView:
+    """One job as a person sees it, whatever its state."""
+
+    id: str
+    queue: str
+    state: str
+    task: str = "?"
+    args: dict[str, Any] = field(default_factory=dict)
+    attempts: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    enqueued_ms: float = 0
+    reason: str = ""
+    error: str = ""
+    traceback: str = ""
+    died_ms: int = 0
+    malformed: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def find_job(app: App, job_id: str) -> JobView | None:
+    """The job with this id in any queue and state (dead included), or None."""
+    broker = app.broker
+    for queue in broker.queues():
+        state = broker.job_state(queue, job_id)
+        if state is None:
+            continue
+        if state == "dead":
+            dead = inspect.find_dead(broker, job_id)
+            if dead is not None:
+                return JobView(id=job_id, queue=queue, state="dead", task=dead.task, args=dead.args,
+                               attempts=dead.attempts, history=dead.history, reason=dead.reason, error=dead.error,
+                               traceback=dead.traceback, died_ms=dead.died_ms, malformed=dead.malformed)
+        view = JobView(id=job_id, queue=queue, state=state, attempts=broker.attempts(queue, job_id),
+                       history=broker.history(queue, job_id))
+        raw = broker.job_spec(queue, job_id)
+        if raw is None:
+            continue  # left the queue meanwhile: look on
+        _fill(view, raw)
+        return view
+    return None
+
+
+def _fill(view: JobView, raw: bytes) -> None:
+    try:
+        spec = JobSpec.decode(raw)
+    except BadRecord as exc:
+        view.malformed = str(exc)
+        return
+    view.task, view.args, view.enqueued_ms = spec.task, spec.args, spec.enqueued_ms
+    if view.history:
+        last = view.history[-1]
+        view.error = str(last.get("error", "")) if isinstance(last, dict) else ""
+        view.traceback = str(last.get("traceback", "")) if isinstance(last, dict) else ""
+
+
+def browse(app: App, queue: str, state: str, offset: int = 0, count: int = 50) -> list[JobView]:
+    """One page of a queue's state: ids and scores from one range read, records of that page only."""
+    broker = app.broker
+    page = broker.page(queue, state, offset, count)
+    ids = [i for i, _ in page]
+    if state == "dead":
+        return [_dead_view(inspect.dead_job(queue, i, raw)) for i, raw in broker.dead_records(queue, ids)]
+    out = []
+    for (job_id, _), raw in zip(page, broker.specs(queue, ids), strict=True):
+        view = JobView(id=job_id, queue=queue, state=state)
+        if raw is not None:
+            _fill(view, raw)
+        out.append(view)
+    return out
+
+
+def _dead_view(dead: Any) -> JobView:
+    return JobView(id=dead.id, queue=dead.queue, state="dead", task=dead.task, args=dead.args,
+                   attempts=dead.attempts, history=dead.history, reason=dead.reason, error=dead.error,
+                   traceback=dead.traceback, died_ms=dead.died_ms, malformed=dead.malformed)
+
+
+def _owned_notes(app: App, job_id: str) -> list[str]:
+    """Steps past capture the job owns, its ``calling`` ones parked in doubt: one note each."""
+    store = app.fence_store_in_use()
+    if store is None:
+        return []
+    from ringfence.worker.fencing import step_note
+
+    notes = []
+    for row in store.owned(job_id):
+        if row.state is FenceState.CALLING:
+            try:
+                store.park(row.subject, row.step, row.epoch)
+            except FencedOut:
+                continue  # settled or taken over meanwhile
+        notes.append(step_note(row, job_id))
+    return notes
+
+
+def cancel_job(app: App, job_id: str) -> tuple[str, str]:
+    """Cancel a pending, scheduled, retrying or running job. Returns (queue, state it left); a job owning a
+    step past capture goes to dead-letter (state then reads ``... -> dead``). Refuses an unknown or dead id."""
+    job = find_job(app, job_id)
+    if job is None:
+        raise ConfigError(f"no job {job_id!r} in namespace {app.namespace}")
+    if job.state == "dead":
+        raise ConfigError(f"job {job_id} is dead already; delete it with `ringfence dead delete {job_id}`")
+    notes = _owned_notes(app, job_id)
+    fields = None
+    if notes:
+        fields = {"task": job.task, "reason": "cancelled", "error": "cancelled by a person; " + "; ".join(notes),
+                  "traceback": ""}
+    left = app.broker.run(app.broker.cancel(job.queue, job_id, fields))
+    if not left:
+        raise ConfigError(f"job {job_id} left its queue meanwhile (ran or died); nothing cancelled")
+    log.warning("job %s cancelled (was %s in %s)%s", job_id, left, job.queue, "; moved to dead-letter" if notes else "")
+    return job.queue, left + (" -> dead" if notes else "")
+
+
+def purge_queue(app: App, queue: str) -> tuple[int, int]:
+    """Delete the pending jobs of ``queue`` (those queued when it starts), in bounded batches. Pending jobs
+    that own a step past capture go to dead-letter instead. Returns (deleted, moved to dead-letter)."""
+    broker = app.broker
+    moved = 0
+    store = app.fence_store_in_use()
+    if store is not None:  # few rows: steps past capture are transient
+        owners = {r.owner_job_id for s in (FenceState.CALLING, FenceState.EFFECTED)
+                  for r in store.list(state=s, limit=10_000) if r.owner_job_id}
+        for job_id in sorted(owners):
+            if broker.job_state(queue, job_id) == "pending":
+                cancel_job(app, job_id)
+                moved += 1
+    left = int(broker.sync.llen(broker.keys.queue(queue).pending))
+    deleted = 0
+    while left > 0:
+        n = broker.run(broker.purge(queue, min(PURGE_BATCH, left)))
+        if n == 0:
+            break
+        deleted += n
+        left -= n
+    return deleted, moved

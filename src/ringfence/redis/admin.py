@@ -1,0 +1,91 @@
+"""The Broker's operations by a person (job lookup, cancel, purge, per-minute history), kept apart from the
+worker's transitions in ``broker.py``. Every read is bounded: a page, a batch, or one job."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import orjson
+
+from ringfence.redis.call import Call, _ids, _str
+from ringfence.redis.keys import Keys
+
+if TYPE_CHECKING:
+    import redis
+
+T = TypeVar("T")
+
+#: The states a job of a queue can be browsed in, and the key (list or zset) that holds each.
+STATES = ("pending", "active", "scheduled", "retry", "dead")
+
+
+class Admin:
+    """Mixed into :class:`~ringfence.redis.broker.Broker`, which supplies the clients, keys and clock."""
+
+    keys: Keys
+    clock: Callable[[], int]
+
+    if TYPE_CHECKING:
+        @property
+        def sync(self) -> redis.Redis: ...
+        def run(self, call: Call[T]) -> T: ...
+        def queues(self) -> list[str]: ...
+
+    def cancel(self, queue: str, job_id: str, dead_fields: dict[str, Any] | None = None) -> Call[str]:
+        """Take a job out of ``queue`` (pending, scheduled, retry or running). With ``dead_fields`` it goes to
+        dead-letter with those fields instead of being deleted. Parses to the state it left ('' if none)."""
+        k = self.keys.queue(queue)
+        return Call("cancel", [k.pending, k.scheduled, k.retry, k.active, k.lease, k.jobs, k.attempts, k.history,
+                               k.dead, k.dead_jobs, k.stats],
+                    [job_id, self.clock(), orjson.dumps(dead_fields) if dead_fields else ""], _str)
+
+    def purge(self, queue: str, limit: int) -> Call[int]:
+        """Delete up to ``limit`` pending jobs, oldest first."""
+        k = self.keys.queue(queue)
+        return Call("purge", [k.pending, k.jobs, k.attempts, k.history, k.stats], [limit], int)
+
+    def job_state(self, queue: str, job_id: str) -> str | None:
+        """Where job ``job_id`` is in ``queue``: a state of STATES, 'unknown' (a record in no set: being moved),
+        or None when the queue has no such job. Pending is found by LPOS (one scan of the list in Redis)."""
+        k = self.keys.queue(queue)
+        p = self.sync.pipeline(transaction=False)
+        p.hexists(k.jobs, job_id)
+        p.zscore(k.active, job_id)
+        p.zscore(k.scheduled, job_id)
+        p.zscore(k.retry, job_id)
+        p.zscore(k.dead, job_id)
+        exists, active, scheduled, retry, dead = p.execute()
+        if dead is not None:
+            return "dead"
+        if not exists:
+            return None
+        for state, score in (("active", active), ("scheduled", scheduled), ("retry", retry)):
+            if score is not None:
+                return state
+        return "pending" if self.sync.lpos(k.pending, job_id) is not None else "unknown"
+
+    def page(self, queue: str, state: str, offset: int, count: int) -> list[tuple[str, float]]:
+        """(id, score) of one page of a state: pending oldest first by position (score = position), the sorted
+        sets by score (run-at, retry-at, lease deadline), dead newest first."""
+        k = self.keys.queue(queue)
+        if state == "pending":
+            ids = _ids(self.sync.lrange(k.pending, -(offset + count), -(offset + 1) if offset else -1))
+            return [(i, float(offset + n)) for n, i in enumerate(reversed(ids))]
+        key = {"active": k.active, "scheduled": k.scheduled, "retry": k.retry, "dead": k.dead}[state]
+        if state == "dead":
+            raw = self.sync.zrevrange(key, offset, offset + count - 1, withscores=True)
+        else:
+            raw = self.sync.zrange(key, offset, offset + count - 1, withscores=True)
+        return [(_str(pair[0]), float(pair[1])) for pair in raw]
+
+    def specs(self, queue: str, ids: list[str]) -> list[bytes | None]:
+        if not ids:
+            return []
+        raws: list[Any] = self.sync.hmget(self.keys.queue(queue).jobs, ids)
+        return [bytes(r) if r is not None else None for r in raws]
+
+    def minutes(self, queue: str) -> dict[str, int]:
+        """The per-minute counts the workers keep (``p<minute>`` processed, ``f<minute>`` failed; a day)."""
+        raw: dict[Any, Any] = self.sync.hgetall(self.keys.queue(queue).minutes)
+        return {_str(key): int(v) for key, v in raw.items()}

@@ -1,0 +1,35 @@
+#!lua flags=allow-oom
+-- cancel: take one job out of its queue before it runs (pending, scheduled, retrying) or while it runs.
+-- A running job loses its lease: its worker's next heartbeat sees that and sets ctx.cancelled.
+-- KEYS[1] pending list  KEYS[2] scheduled zset  KEYS[3] retry zset  KEYS[4] active zset  KEYS[5] lease hash
+-- KEYS[6] jobs hash  KEYS[7] attempts hash  KEYS[8] history hash  KEYS[9] dead zset  KEYS[10] dead_jobs hash
+-- KEYS[11] stats hash
+-- ARGV[1] id  ARGV[2] now ms
+-- ARGV[3] '' to delete the job, else a JSON object of dead record fields: the job goes to dead-letter instead
+--         (a job that owns a fence step past capture must not vanish)
+-- Returns: the state it was taken from (pending, scheduled, retry, active), or '' when it is no job of the queue.
+local id = ARGV[1]
+local spec = redis.call('HGET', KEYS[6], id)
+if not spec then return '' end
+local state = ''
+if redis.call('ZREM', KEYS[2], id) == 1 then state = 'scheduled'
+elseif redis.call('ZREM', KEYS[3], id) == 1 then state = 'retry'
+elseif redis.call('ZREM', KEYS[4], id) == 1 then state = 'active'
+elseif redis.call('LREM', KEYS[1], 0, id) > 0 then state = 'pending'
+end
+if state == '' then return '' end
+if ARGV[3] ~= '' then
+  local n = redis.call('HGET', KEYS[7], id) or '0'
+  local hist = redis.call('HGET', KEYS[8], id) or '[]'
+  local record = '{"spec":' .. cjson.encode(spec) .. ',"attempts":' .. n .. ',"history":' .. cjson.encode(hist)
+    .. ',"died_ms":' .. ARGV[2] .. ',' .. string.sub(ARGV[3], 2)
+  redis.call('HSET', KEYS[10], id, record)
+  redis.call('ZADD', KEYS[9], ARGV[2], id)
+  redis.call('HINCRBY', KEYS[11], 'dead', 1)
+end
+redis.call('HDEL', KEYS[5], id)
+redis.call('HDEL', KEYS[6], id)
+redis.call('HDEL', KEYS[7], id)
+redis.call('HDEL', KEYS[8], id)
+redis.call('HINCRBY', KEYS[11], 'cancelled', 1)
+return state
