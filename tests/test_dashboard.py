@@ -15,11 +15,12 @@ with warnings.catch_warnings():  # Starlette's note on which HTTP client its Tes
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
-from ringfence import App
+from ringfence import App, jobs
 from ringfence.cli import main
 from ringfence.dashboard import create_app
 from ringfence.fence import FenceStore, Owner
 from ringfence.models import JobSpec
+from support import wait_until
 
 TOKEN = "s3cret-token"
 
@@ -222,3 +223,32 @@ def test_bulk_replay_of_dead_jobs_runs_in_batches(app: App) -> None:
     third = client.post("/actions/dead", data={**data, "done": "1000"})
     assert "replayed 1000" in second.text and "replayed 1200 job(s) so far; 0" in third.text
     assert "data-autosubmit" not in third.text and b.queue_counts("default")["pending"] == 1200
+
+
+def test_cancel_of_a_running_job_sets_ctx_cancelled_and_workers_keep_history(redis_url, namespace, rdb,
+                                                                               spawn_worker) -> None:
+    import importlib
+    import os
+
+    os.environ["RINGFENCE_NAMESPACE"], os.environ["RINGFENCE_REDIS_URL"] = namespace, redis_url
+    import workerapp
+
+    m = importlib.reload(workerapp)
+    app = m.app
+    job = m.watches.enqueue(seconds=30)
+    spawn_worker()
+    wait_until(lambda: rdb.lrange(f"{namespace}:test:started", 0, -1), timeout=20)
+    assert jobs.cancel_job(app, job) == ("default", "active")
+    assert rdb.lrange(f"{namespace}:test:cancelled", 0, -1) == []
+    wait_until(lambda: rdb.lrange(f"{namespace}:test:cancelled", 0, -1) == [job.encode()], timeout=10)
+    assert jobs.find_job(app, job) is None
+    for n in range(5):
+        m.noop.enqueue(n=n)
+    m.refuses.enqueue()
+    wait_until(lambda: app.broker.queue_counts("default")["stats"].get("processed", 0) >= 5, timeout=20)
+    wait_until(lambda: app.broker.queue_counts("default")["dead"] == 1, timeout=20)
+    history = app.broker.minutes("default")
+    assert sum(v for k, v in history.items() if k.startswith("p")) == 5
+    assert sum(v for k, v in history.items() if k.startswith("f")) == 1
+    assert any(k.startswith("l") for k in history)  # the workers' latency samples
+    assert 0 < rdb.pttl(app.broker.keys.queue("default").minutes) <= 90_000_000

@@ -93,3 +93,11 @@ async def limited(ctx, seconds: float) -> None:
     log("started", ctx.id, ctx.attempt, time.time())
     await asyncio.sleep(seconds)
     log("finished", ctx.id, ctx.attempt, time.time())
+
+
+@app.task
+def watches(ctx, seconds: float) -> None:
+    """Runs until ``ctx.cancelled`` is set (then records it) or ``seconds`` pass."""
+    log("started", ctx.id, ctx.attempt, time.time())
+    if ctx.cancelled.wait(seconds):
+        log("cancelled", ctx.id)

@@ -85,7 +85,12 @@ class Admin:
         raws: list[Any] = self.sync.hmget(self.keys.queue(queue).jobs, ids)
         return [bytes(r) if r is not None else None for r in raws]
 
+    def latency_sample(self, queue: str, latency_ms: int) -> Call[int]:
+        """Keep the largest latency sample of this minute (workers, every few seconds; the charts read it)."""
+        return Call("latency", [self.keys.queue(queue).minutes], [self.clock(), max(0, int(latency_ms))], int)
+
     def minutes(self, queue: str) -> dict[str, int]:
-        """The per-minute counts the workers keep (``p<minute>`` processed, ``f<minute>`` failed; a day)."""
+        """The per-minute history the workers keep for a day: ``p<minute>`` processed, ``f<minute>`` failed
+        attempts, ``l<minute>`` the largest latency sample (ms)."""
         raw: dict[Any, Any] = self.sync.hgetall(self.keys.queue(queue).minutes)
         return {_str(key): int(v) for key, v in raw.items()}

@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 from collections import defaultdict
+from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from ringfence.redis.connection import REFUSED, UNAVAILABLE
@@ -20,6 +21,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("ringfence.worker")
 
 
+def _version() -> str:
+    try:
+        return metadata.version("ringfence")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+VERSION = _version()
+
+LATENCY_EVERY_MS = 10_000  # how often a worker samples its queues' latency for the dashboard's charts
+
+
 class Heartbeat(Loop):
     name = "heartbeat"
 
@@ -28,6 +41,7 @@ class Heartbeat(Loop):
         self.worker = worker
         self.started = worker.broker.clock() / 1000  # Redis clock, like every time other processes compare
         self.registry_failing = False
+        self.latency_sampled_ms = 0
 
     def info(self) -> dict[str, Any]:
         w = self.worker
@@ -49,6 +63,7 @@ class Heartbeat(Loop):
             "tasks": sorted(w.app.registry.tasks),
             "shutdown_timeout_s": w.settings.shutdown_timeout_s,
             "duration_p95_s": w.processor.metrics.duration_p95(),
+            "version": VERSION,
         }
 
     async def tick(self) -> None:
@@ -60,6 +75,22 @@ class Heartbeat(Loop):
             await self.extend_leases()
         await self.worker.broker.aping()  # re-measures the offset to the Redis clock
         await self.register()
+        await self.sample_latency()
+
+    async def sample_latency(self) -> None:
+        """Age of each served queue's oldest pending job, kept per minute for the dashboard (a cost per worker
+        and queue every LATENCY_EVERY_MS, none per job). A failure only costs a point of a chart."""
+        w = self.worker
+        now = w.broker.clock()
+        if now - self.latency_sampled_ms < LATENCY_EVERY_MS:
+            return
+        self.latency_sampled_ms = now
+        try:
+            for queue, _ in w.queues:
+                oldest = await w.broker.oldest_enqueued_ms(queue)
+                await w.broker.arun(w.broker.latency_sample(queue, int(now - oldest) if oldest else 0))
+        except REFUSED as exc:
+            log.debug("latency sample skipped: %s", exc)
 
     async def register(self) -> None:
         w = self.worker

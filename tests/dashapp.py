@@ -1,0 +1,33 @@
+"""The app of the dashboard's browser tests: real workers run it, the dashboard process serves it."""
+
+from __future__ import annotations
+
+import os
+
+import redis
+
+from ringfence import App, Permanent, RetryPolicy, WorkerSettings
+
+ns = os.environ["RINGFENCE_NAMESPACE"]
+app = App(
+    namespace=ns,
+    environment="test",
+    fence_url=os.environ["FENCE_URL"],
+    worker=WorkerSettings(lease_s=2.0, heartbeat_s=0.5, recover_interval_s=0.5, promote_interval_s=0.1,
+                          shutdown_timeout_s=3.0, server_ttl_s=3.0),
+    retry=RetryPolicy(max_attempts=2, base_s=0.1, cap_s=0.2),
+)
+r = redis.Redis.from_url(os.environ["RINGFENCE_REDIS_URL"])
+
+
+@app.task(name="noop")
+def noop(ctx, n: int, card: str = "") -> None:
+    r.rpush(f"{ns}:test:runs", ctx.id)
+
+
+@app.task(name="flaky")
+def flaky(ctx, n: int) -> None:
+    """Dies (permanently) while its fail flag is set; runs once the flag is gone."""
+    if r.exists(f"{ns}:test:fail"):
+        raise Permanent(f"provider down for {n}")
+    r.rpush(f"{ns}:test:runs", ctx.id)

@@ -1,0 +1,227 @@
+"""The dashboard end to end in headless Chromium (Debian's ``chromium`` driven by Playwright): a real Redis,
+real worker processes and the ``ringfence dashboard`` process. In CI a missing browser fails (REQUIRE)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from ringfence import App
+from support import ROOT, service_missing, wait_until
+
+pytestmark = pytest.mark.slow
+CHROMIUM = os.environ.get("RINGFENCE_CHROMIUM", "/usr/bin/chromium")
+SHOTS = ROOT / "tmp" / "dashboard"
+TOKEN = "browser-test-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        service_missing("chromium", f"{CHROMIUM} not found (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as exc:
+        service_missing("playwright", str(exc))
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),
+                              args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        yield b
+        b.close()
+
+
+class Env:
+    def __init__(self, namespace: str, redis_url: str, fence_url: str) -> None:
+        self.ns, self.redis_url = namespace, redis_url
+        self.env = {**os.environ, "RINGFENCE_REDIS_URL": redis_url, "RINGFENCE_NAMESPACE": namespace,
+                    "FENCE_URL": fence_url, "RINGFENCE_DASHBOARD_TOKEN": TOKEN,
+                    "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.app = App(redis_url, namespace, environment="test", fence_url=fence_url)  # the producer's side
+
+        @self.app.task(name="noop")
+        def noop(ctx: Any, n: int, card: str = "") -> None: ...
+
+        @self.app.task(name="flaky")
+        def flaky(ctx: Any, n: int) -> None: ...
+        self.r = redis.Redis.from_url(redis_url)
+
+    def dashboard(self, *args: str) -> str:
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "dashboard", "--app", "dashapp:app",
+                                 "--port", str(port), *args], env=self.env, start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            try:
+                return urllib.request.urlopen(url + "/servers", timeout=2).status == 200
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+                return False
+
+        wait_until(up, timeout=30, interval=0.2)
+        return url
+
+    def runs(self) -> list[str]:
+        return [x.decode() for x in self.r.lrange(f"{self.ns}:test:runs", 0, -1)]
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait(10)
+        self.app.close()
+
+
+@pytest.fixture
+def env(namespace: str, redis_url: str, tmp_path: Path) -> Iterator[Env]:
+    e = Env(namespace, redis_url, f"sqlite:///{tmp_path}/fences.db")
+    e.app.fence_store.create_all()
+    yield e
+    e.close()
+
+
+@pytest.fixture
+def worker(env: Env) -> Callable[[], subprocess.Popen[bytes]]:
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", "dashapp:app"],
+                                env=env.env, start_new_session=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.STDOUT)
+        env.procs.append(proc)
+        return proc
+
+    return start
+
+
+def shot(page: Any, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def login(page: Any, url: str) -> None:
+    page.goto(url + "/login")
+    page.fill("input[name=token]", TOKEN)
+    page.click("button[type=submit]")
+    page.wait_for_selector("text=logged in: actions enabled")
+
+
+def test_operator_session_in_chromium(browser: Any, env: Env, worker: Callable[[], Any]) -> None:
+    from ringfence import jobs
+    from ringfence.fence import Owner
+
+    app, b = env.app, env.app.broker
+    env.r.set(f"{env.ns}:test:fail", 1)
+    dying = app.enqueue("flaky", n=1)
+    worker()
+    wait_until(lambda: b.job_state("default", dying) == "dead", timeout=30)
+    env.r.delete(f"{env.ns}:test:fail")
+    later = app.enqueue_many("noop", [{"n": 0, "card": "4111-1111-1111-1111"}], delay_s=3600)[0]
+    doubtful = app.enqueue_many("noop", [{"n": 1}], delay_s=3600)[0]
+    store = app.fence_store
+    store.capture("order:7", "charge", Owner(doubtful, "tok", 30.0), "h", None)
+    store.mark_calling("order:7", "charge", 1, None, 30.0)
+    jobs.cancel_job(app, doubtful)  # owned a calling step: dead, and the step in doubt
+    url = env.dashboard()
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+
+    # without the token no action is shown, and one posted anyway is refused
+    page.goto(url + "/")
+    assert page.locator("form[method=post]").count() == 0
+    csrf = next(c["value"] for c in page.context.cookies() if c["name"] == "rf_csrf")
+    refused = page.context.request.post(url + "/actions/pause", form={"csrf": csrf, "queue": "default", "paused": "1"})
+    assert refused.status == 403 and not b.queue_counts("default")["paused"]
+
+    login(page, url)
+    no_csrf = page.context.request.post(url + "/actions/pause", form={"queue": "default", "paused": "1"})
+    assert no_csrf.status == 403 and "CSRF" in no_csrf.text()
+
+    # every page opens; a screenshot of each
+    for name, path in [("overview", "/"), ("servers", "/servers"), ("dead", "/queues/default/dead"),
+                       ("scheduled", "/queues/default/scheduled"), ("job", f"/jobs?id={dying}"),
+                       ("fences", "/fences"), ("doctor", "/doctor")]:
+        resp = page.goto(url + path)
+        assert resp is not None and resp.status == 200, path
+        assert "4111-1111" not in page.content()
+        shot(page, name)
+    page.goto(url + "/servers")
+    page.wait_for_selector("td:has-text('default=1')")
+
+    # replay the dead job by clicking: the worker runs it
+    page.goto(url + f"/jobs?id={dying}")
+    page.click("button:has-text('Replay')")
+    page.wait_for_selector("text=replayed 1 job(s) so far")
+    wait_until(lambda: dying in env.runs(), timeout=20)
+
+    # pause by clicking: the worker stops taking from the queue; resume: it takes again
+    page.goto(url + "/")
+    page.click("tr[data-queue=default] button:has-text('Pause')")
+    page.wait_for_selector("text=paused default")
+    assert b.queue_counts("default")["paused"]
+    held = app.enqueue("noop", n=2)
+    time.sleep(1.5)
+    assert held not in env.runs() and b.job_state("default", held) == "pending"
+    page.click("tr[data-queue=default] button:has-text('Resume')")
+    page.wait_for_selector("text=resumed default")
+    wait_until(lambda: held in env.runs(), timeout=20)
+
+    # cancel a scheduled job by clicking
+    page.goto(url + "/queues/default/scheduled")
+    page.click(f"tr[data-job='{later}'] button:has-text('Cancel')")
+    page.wait_for_selector(f"text=cancelled job {later} (was scheduled in default)")
+    assert b.job_state("default", later) is None
+
+    # resolve the in-doubt step (done, with the provider's reference), then replay its job from the offer
+    page.goto(url + "/fences")
+    step = page.locator("article[data-step='order:7/charge']")
+    step.locator("input[name=reference]").fill("ch_7")
+    step.locator("button:has-text('It happened')").click()
+    page.wait_for_selector("text=now effected")
+    shot(page, "fences-resolved")
+    page.click(f"button:has-text('Replay job {doubtful}')")
+    page.wait_for_selector("text=replayed 1 job(s) so far")
+    wait_until(lambda: doubtful in env.runs(), timeout=20)
+
+    # the overview at phone width, and its screenshot for the docs
+    page.goto(url + "/")
+    shot(page, "overview-after")
+    phone = browser.new_page(viewport={"width": 390, "height": 844})
+    phone.goto(url + "/")
+    shot(phone, "overview-phone")
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 390 + 1
+    phone.close()
+    page.close()
+
+
+def test_read_only_shows_no_action(browser: Any, env: Env) -> None:
+    job = env.app.enqueue("noop", n=1)
+    env.app.broker.set_paused("default", True)
+    url = env.dashboard("--read-only")
+    page = browser.new_page()
+    page.goto(url + "/login")
+    for path in ["/", "/queues/default/pending", "/queues/default/dead", f"/jobs?id={job}", "/fences"]:
+        page.goto(url + path)
+        assert page.locator("form[method=post]").count() == 0, path
+        assert page.locator("text=read-only").count() >= 1
+    csrf = next(c["value"] for c in page.context.cookies() if c["name"] == "rf_csrf")
+    r = page.context.request.post(url + "/actions/cancel", form={"csrf": csrf, "id": job},
+                                  headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status == 403 and env.app.broker.job_state("default", job) == "pending"
+    page.close()
