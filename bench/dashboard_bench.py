@@ -1,0 +1,152 @@
+"""Dashboard figures: page load with 100,000 jobs in a queue, and what the per-minute history costs a worker.
+
+Run: ``.venv/bin/python -m bench.dashboard_bench`` (needs the ``dashboard`` extra and ``redis-server``).
+Everything runs against a private ``redis-server`` on a free loopback port (started and stopped here), so
+the shared Redis is never loaded. Pages are fetched over HTTP from a real ``ringfence dashboard`` process.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from ringfence.app import App
+
+JOBS = 100_000
+DEAD = 2_000
+LOADS = 20
+
+# The per_minute function of ack.lua, called LOOPS times inside one script: its cost per call, server side.
+PER_MINUTE = """
+local function per_minute(key, kind, now_ms, n)
+  local m = math.floor(tonumber(now_ms) / 60000)
+  if redis.call('HINCRBY', key, kind .. m, n) == n then
+    redis.call('PEXPIRE', key, 90000000)
+    if redis.call('HLEN', key) > 4400 then
+      for _, f in ipairs(redis.call('HKEYS', key)) do
+        if (tonumber(string.sub(f, 2)) or 0) < m - 1440 then redis.call('HDEL', key, f) end
+      end
+    end
+  end
+end
+for i = 1, tonumber(ARGV[2]) do
+  if ARGV[3] == '1' then per_minute(KEYS[1], 'p', ARGV[1], 1) end
+end
+return 1
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_redis(tmp: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    import redis
+
+    for _ in range(100):
+        try:
+            redis.Redis.from_url(url).ping()
+            return proc, url
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    raise SystemExit("redis-server did not start")
+
+
+def fill(app: App) -> str:
+    @app.task(name="bench.noop")
+    def noop(ctx: object, n: int, email: str) -> None: ...
+
+    first = ""
+    for start in range(0, JOBS, 5000):
+        ids = app.enqueue_many("bench.noop", [{"n": i, "email": "x@y.z"} for i in range(start, start + 5000)])
+        first = first or ids[0]
+    b, k = app.broker, app.broker.keys.queue("default")
+    spec = b.job_spec("default", first) or b"{}"
+    with b.sync.pipeline() as p:
+        for i in range(DEAD):
+            p.zadd(k.dead, {f"dead{i}": i})
+            p.hset(k.dead_jobs, f"dead{i}", b'{"spec":' + __import__("orjson").dumps(spec.decode()) +
+                   b',"attempts":3,"history":"[]","died_ms":1,"reason":"max_attempts","error":"boom"}')
+        p.execute()
+    return first
+
+
+def page_loads(url: str, paths: list[str]) -> list[tuple[str, float, float]]:
+    out = []
+    for path in paths:
+        urllib.request.urlopen(url + path).read()  # warm: connections, the doctor's first snapshot
+        times = []
+        for _ in range(LOADS):
+            t = time.perf_counter()
+            with urllib.request.urlopen(url + path) as r:
+                r.read()
+            times.append((time.perf_counter() - t) * 1000)
+        out.append((path, statistics.median(times), max(times)))
+    return out
+
+
+def per_minute_cost(app: App, loops: int = 200_000) -> tuple[float, float]:
+    """(µs per script call with the per-minute write, µs without): the loop's own cost cancels out."""
+    r = app.broker.sync
+    costs = []
+    for on in ("1", "0"):
+        t = time.perf_counter()
+        r.eval(PER_MINUTE, 1, "bench:minutes", int(time.time() * 1000), loops, on)
+        costs.append((time.perf_counter() - t) * 1e6 / loops)
+    return costs[0], costs[1]
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, redis_url = start_redis(tmp)
+        try:
+            app = App(redis_url, "bench", environment="test")
+            t = time.perf_counter()
+            first = fill(app)
+            print(f"filled {JOBS:,} pending and {DEAD:,} dead jobs in {time.perf_counter() - t:.1f}s")
+            with_pm, without = per_minute_cost(app)
+            print(f"per-minute history: {with_pm - without:.2f} µs per ack batch or failed attempt (server side; "
+                  f"{with_pm:.2f} with, {without:.2f} without)")
+            port = free_port()
+            env = {**os.environ, "RINGFENCE_REDIS_URL": redis_url, "RINGFENCE_NAMESPACE": "bench",
+                   "RINGFENCE_ENV": "test", "RINGFENCE_DASHBOARD_TOKEN": "bench"}
+            web = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "dashboard", "--port", str(port)],
+                                   env=env, stdout=subprocess.DEVNULL, cwd=str(Path(tmp)))
+            try:
+                url = f"http://127.0.0.1:{port}"
+                for _ in range(100):
+                    try:
+                        urllib.request.urlopen(url + "/servers")
+                        break
+                    except OSError:
+                        time.sleep(0.1)
+                paths = ["/", "/queues/default/pending", f"/queues/default/pending?offset={JOBS - 50}",
+                         "/queues/default/pending?task=bench.noop&min_age_s=1", "/queues/default/dead",
+                         f"/jobs?id={first}", "/servers", "/doctor"]
+                print(f"{'page':58} {'median ms':>10} {'max ms':>8}  ({LOADS} loads each)")
+                for path, med, worst in page_loads(url, paths):
+                    print(f"{path:58} {med:10.1f} {worst:8.1f}")
+            finally:
+                web.terminate()
+                web.wait(10)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
