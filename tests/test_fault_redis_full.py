@@ -148,6 +148,9 @@ async def test_scripts_run_on_the_embedded_redis_6_2_without_shebang_and_without
         await b.heartbeat_server("s1", {"id": "s1", "queues": {"q": 1}}, 3)
         assert [s["id"] for s in b.servers()] == ["s1"]
         assert await b.arun(b.ack("q", [("j1", "tok")])) == []
+        assert b.minutes("q") == {f"p{now // 60000}": 1}  # the dashboard's history, written inside ack
+        assert b.run(b.enqueue("q", [("j2", b'{"t":"x","a":{},"e":1}', 0), ("j3", b'{"t":"x","a":{},"e":1}', 0)]))
+        assert b.run(b.cancel("q", "j2")) == "pending" and b.run(b.purge("q", 10)) == 1
         assert b._shebang is False
     finally:
         await b.aclose()
@@ -165,7 +168,8 @@ def test_every_script_declares_keys_of_one_slot() -> None:
         b.requeue("q", "j", "t", 2, "c"), b.dead("q", "j", "t", {}, {}), b.recover("q"), b.promote("q"),
         b.replay("q", ["j"]), b.delete_dead("q", ["j"]), b.breaker_allow("d", 1, 1),
         b.breaker_record("d", True, 1, 1, 1, "f"), b.acquire_slot("task", "t", 1, "j", 2),
-        b.extend_slots("task", "t", [("j", 2)]), b.spec_heads("q"),
+        b.extend_slots("task", "t", [("j", 2)]), b.spec_heads("q"), b.cancel("q", "j", {"reason": "r"}),
+        b.purge("q", 1), b.latency_sample("q", 1),
     ]
     for call in calls:
         assert len({key_slot(k.encode()) for k in call.keys}) == 1, call.name
