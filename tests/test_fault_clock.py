@@ -7,11 +7,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
 from redisfaults import FaultWorker, runs
 from ringfence import App
-from support import wait_until
+from support import service_missing, wait_until
 
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 SKEW = {"LD_PRELOAD": LIBFAKETIME, "FAKETIME": "+60s", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
@@ -25,7 +23,7 @@ def marks(directory: Path, job_id: str) -> list[str]:
 def test_a_worker_whose_clock_runs_ahead_does_not_take_live_jobs(redis_url: str, namespace: str,
                                                                   tmp_path: Path) -> None:
     if not os.path.exists(LIBFAKETIME):
-        pytest.skip("libfaketime is not installed (apt-get install faketime)")
+        service_missing("libfaketime", "not installed (apt-get install faketime)")
     app = App(redis_url, namespace, environment="test")
 
     def slow(ctx: object, seconds: float) -> None: ...
