@@ -193,6 +193,7 @@ def test_in_doubt_step_resolved_then_its_dead_job_offered_for_replay(make_app, t
     client = logged_in(create_app(app, token=TOKEN))
     page = client.get("/fences").text
     assert 'data-step="order:7/charge"' in page and f"?id={job}" in page
+    assert "was calling: the effect may have happened" in page  # the owner's dead-letter error as evidence
     no_ref = client.post("/actions/resolve", data={"csrf": csrf(client), "subject": "order:7", "step": "charge",
                                                    "outcome": "done"})
     assert "needs the provider" in no_ref.text
@@ -252,3 +253,14 @@ def test_cancel_of_a_running_job_sets_ctx_cancelled_and_workers_keep_history(red
     assert sum(v for k, v in history.items() if k.startswith("f")) == 1
     assert any(k.startswith("l") for k in history)  # the workers' latency samples
     assert 0 < rdb.pttl(app.broker.keys.queue("default").minutes) <= 90_000_000
+
+
+def test_dashboard_command_without_its_extra_says_how_to_install(monkeypatch, redis_url, namespace) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if the extra were not installed
+    out = CliRunner().invoke(main, ["dashboard"], env={"RINGFENCE_REDIS_URL": redis_url,
+                                                       "RINGFENCE_NAMESPACE": namespace})
+    assert out.exit_code == 2
+    assert out.output.strip().splitlines() == ["error: the dashboard needs its extra: pip install "
+                                               "'ringfence[dashboard]' (uvicorn is missing)"]

@@ -207,6 +207,12 @@ def test_operator_session_in_chromium(browser: Any, env: Env, worker: Callable[[
     shot(phone, "overview-phone")
     assert phone.evaluate("document.documentElement.scrollWidth") <= 390 + 1
     phone.close()
+    dark = browser.new_page(viewport={"width": 1280, "height": 800}, color_scheme="dark")
+    dark.goto(url + "/")
+    shot(dark, "overview-dark")
+    light_bg = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert dark.evaluate("getComputedStyle(document.body).backgroundColor") != light_bg
+    dark.close()
     page.close()
 
 

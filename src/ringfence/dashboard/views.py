@@ -58,10 +58,17 @@ def servers(app: App) -> list[dict[str, Any]]:
 def fences(app: App) -> dict[str, Any]:
     store = app.fence_store_in_use()
     if store is None:
-        return {"store": False, "counts": {}, "in_doubt": []}
+        return {"store": False, "counts": {}, "in_doubt": [], "errors": {}}
+    from ringfence import inspect
     from ringfence.fence.reads import state_counts
 
-    return {"store": True, "counts": state_counts(store), "in_doubt": store.list(state="in_doubt", limit=200)}
+    rows = store.list(state="in_doubt", limit=200)
+    errors = {}  # the owner's dead-letter error: what its last attempt saw (evidence for the person resolving)
+    for owner in {r.owner_job_id for r in rows if r.owner_job_id}:
+        dead = inspect.find_dead(app.broker, owner)
+        if dead is not None:
+            errors[owner] = dead.error
+    return {"store": True, "counts": state_counts(store), "in_doubt": rows, "errors": errors}
 
 
 class DoctorView:
