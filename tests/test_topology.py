@@ -19,11 +19,12 @@ import pytest
 import redis
 
 from ringfence import App, ConfigError, RingfenceError
+from ringfence.errors import NotReplicated
 from ringfence.inspect import info
 from ringfence.redis import observe
 from ringfence.redis.connection import parse_target
 from support import ROOT, wait_until
-from topology import HAVE_REDIS, Cluster, SentinelSet
+from topology import HAVE_REDIS, Cluster, SentinelSet, Servers, free_port
 
 pytestmark = [pytest.mark.topology,
               pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server and redis-cli")]
@@ -251,3 +252,55 @@ def _probe_until_it_runs(probe: Any, rdb: redis.Redis, ns: str) -> str:
         wait_until(lambda j=job: j in runs(rdb, ns), timeout=30)
         return str(job)
     raise AssertionError("no enqueue succeeded within 40 s of the failover")
+
+
+def test_durable_enqueue_on_a_cluster_waits_on_the_node_that_took_it(cluster: Cluster) -> None:
+    """WAIT goes to the primary owning the queue (the fixture's masters have no replica): the enqueue is
+    refused as not replicated, one line, and the job is queued on that primary all the same."""
+    app = App(cluster.url, f"t{uuid.uuid4().hex[:8]}", environment="test", replica_timeout_s=0.1)
+    noop = app.task(name="noop")(_noop)
+    with pytest.raises(NotReplicated, match="0 of 1 replica"):
+        noop.with_options(queue="qd", durable=True, job_id="j1").enqueue(n=1)
+    assert app.broker.queued_ids(["j1"]) == {"j1"}
+    assert noop.with_options(queue="qd").enqueue(n=2)  # min_replicas 0: no WAIT
+
+
+def test_a_worker_waits_for_a_redis_still_loading_its_data(tmp_path: Path, redis_url: str) -> None:
+    """A restarted Redis answers PING but refuses commands (LOADING) while it reads its data: a worker started
+    then waits (no exit 3) and runs the queued job once Redis is ready."""
+    servers = Servers(tmp_path)
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    servers.start(port, "--dbfilename", "dump.rdb", "--enable-debug-command", "yes")
+    r = redis.Redis(port=port)
+    r.execute_command("DEBUG", "POPULATE", "40000")  # a private server: filler keys to load
+    App(url, ns, environment="test").task(name="noop")(_noop).enqueue(n=1)
+    r.save()
+    servers.kill(port)
+    servers.procs[port] = subprocess.Popen(  # a pause per key loaded: seconds of LOADING
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--dbfilename",
+         "dump.rdb", "--save", "", "--key-load-delay", "100", "--loading-process-events-interval-bytes", "1024"],
+        stdout=subprocess.DEVNULL)
+    wait_until(lambda: _loading(port), timeout=10, interval=0.01)
+    rdb = redis.Redis.from_url(redis_url)
+    w = worker(url, ns, redis_url, "--queues", "default")
+    try:
+        wait_until(lambda: runs(rdb, ns) or w.poll() is not None, timeout=60)
+        assert w.poll() is None, w.communicate()[0].decode(errors="replace")
+    finally:
+        w.send_signal(signal.SIGTERM)
+        out = w.communicate(timeout=30)[0].decode(errors="replace")
+        rdb.delete(f"{ns}:test:runs")
+        servers.stop()
+    assert w.returncode == 0, out
+    assert "is unreachable (BusyLoadingError" in out and "answers again" in out
+
+
+def _loading(port: int) -> bool:
+    try:
+        return bool(redis.Redis(port=port).info("persistence")["loading"])
+    except redis.BusyLoadingError:
+        return True
+    except (redis.ConnectionError, redis.TimeoutError):
+        return False

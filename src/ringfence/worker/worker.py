@@ -10,6 +10,8 @@ import socket
 from collections.abc import Coroutine
 from typing import Any
 
+import redis
+
 from ringfence.app import App
 from ringfence.errors import BrokerError, CannotConnect, ConfigError, EnvironmentMismatch, RedisFull
 from ringfence.metrics import Metrics
@@ -94,20 +96,25 @@ class Worker:
 
     async def _connect(self) -> None:
         """Wait for Redis with backoff (one line when it does not answer, one when it does), up to
-        ``first_connect_s``; then measure the offset to its clock."""
+        ``first_connect_s`` (a Redis loading its data answers: it is waited for as long as it loads); then measure
+        the offset to its clock."""
         b = self.broker
         deadline = loop_time() + b.connection.first_connect_s
         delay = 0.1
         while True:
             try:
-                await b.aping()
-                await self._guard_environment()  # a Redis still loading its data answers PING, not this
+                await b.server_clock.ameasure(b.aio)
+                await self._guard_environment()  # a Redis still loading its data answers TIME, not this
+                b.health.ok()
                 return
             except UNAVAILABLE as exc:
                 refused = login_refused(exc, b.url)
                 if refused:
                     raise CannotConnect(refused) from exc
-                if loop_time() + delay > deadline:
+                b.health.lost(exc)
+                if isinstance(exc, redis.BusyLoadingError):
+                    deadline = loop_time() + b.connection.first_connect_s
+                elif loop_time() + delay > deadline:
                     raise BrokerError(f"Redis at {redact(b.url)} did not answer within "
                                       f"{b.connection.first_connect_s:g}s: {exc}") from exc
             await asyncio.sleep(delay)
