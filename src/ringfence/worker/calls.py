@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import queue
 import threading
 import time
@@ -101,8 +102,9 @@ class SyncRunner:
             done.append(run)
             with self._lock:
                 wake, self._wake_pending = not self._wake_pending, True
-            if wake and self._loop is not None and not self._loop.is_closed():
-                self._loop.call_soon_threadsafe(self._settle)
+            if wake and self._loop is not None:
+                with contextlib.suppress(RuntimeError):  # the loop closed: the process is exiting
+                    self._loop.call_soon_threadsafe(self._settle)
             self._idle.release()
 
     def _settle(self) -> None:
