@@ -63,7 +63,7 @@ class Processor:
         self.max_wait = max_wait or {}   # queue -> starvation bound (s): served first once exceeded
         self._starving: list[str] = []
         self._starving_at = 0.0
-        self._warned: set[tuple[str, str]] = set()  # (counter, task) already warned about
+        self._warned: set[tuple[str, str]] = set()  # (counter, task) warned, (counter, job id) alerted
         self._unmark: asyncio.Task[None] | None = None
         self.metrics = metrics or Metrics()
         self.fencing = Fencing(app, broker, settings, observe=self.metrics.fence_outcome)
@@ -259,7 +259,8 @@ class Processor:
         if dead_after_grace:
             return Outcome("dead", counter, f"{why}; still unreadable {age_s:.0f}s after enqueue "
                                             f"(grace_s={s.grace_s:g})")
-        if age_s - s.defer_s <= s.grace_s:  # the first deferral past the grace period: alert once
+        if (counter, job.id) not in self._warned:  # past the grace period: alert once per job and worker
+            self._warned.add((counter, job.id))
             await self.app.alert(counter, f"job {job.id}: {why}; waiting {age_s:.0f}s, past grace_s={s.grace_s:g}",
                                  {"job_id": job.id, "queue": job.queue, "task": spec.task, "version": spec.version})
         return Outcome("requeue", delay_s=s.defer_s, counter=counter)
