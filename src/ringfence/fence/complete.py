@@ -12,6 +12,7 @@ import asyncio
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Update
@@ -25,6 +26,15 @@ from ..offloop import in_thread
 from .dbretry import NO_RETRY, DbRetry, aretrying, is_disconnect, retrying
 
 Stale = Callable[[], FencedOut]
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The completion's prebuilt UPDATE and this step's parameters for it."""
+
+    stmt: Update
+    params: dict[str, Any]
+
 Committed = Callable[[], bool]  # does the fence row show this completion committed?
 
 
@@ -89,12 +99,12 @@ async def anaming_databases(inner: AbstractAsyncContextManager[Any], db: Any, ta
         raise wrong from exc
 
 
-def _begin(db: Engine, stmt: Update, stale: Stale) -> tuple[AbstractContextManager[Connection], Connection]:
+def _begin(db: Engine, stmt: Bound, stale: Stale) -> tuple[AbstractContextManager[Connection], Connection]:
     """Begin a transaction on ``db`` and run the fence's UPDATE as its first statement."""
     tx = db.begin()
     conn = tx.__enter__()
     try:
-        _check(conn.execute(stmt).rowcount, stale)
+        _check(conn.execute(stmt.stmt, stmt.params).rowcount, stale)
     except BaseException:
         tx.__exit__(*sys.exc_info())
         raise
@@ -108,7 +118,7 @@ def _confirm(exc: BaseException, committed: Committed | None) -> bool:
 
 
 @contextmanager
-def sync_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale,
+def sync_completion(db: Any, stmt: Bound, dialect: Dialect, stale: Stale,
                     retry: DbRetry = NO_RETRY, committed: Committed | None = None) -> Iterator[Any]:
     """Yield the object the caller writes through; commit once on success, roll back on error.
 
@@ -137,7 +147,7 @@ def sync_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale,
 
 
 @contextmanager
-def _engine_completion(db: Engine, stmt: Update, stale: Stale, retry: DbRetry,
+def _engine_completion(db: Engine, stmt: Bound, stale: Stale, retry: DbRetry,
                        committed: Committed | None) -> Iterator[Connection]:
     tx, conn = retrying(retry, lambda _retried: _begin(db, stmt, stale), "fence completion")
     try:
@@ -155,10 +165,10 @@ def _engine_completion(db: Engine, stmt: Update, stale: Stale, retry: DbRetry,
 
 
 @contextmanager
-def _sa_completion(db: Connection | Session, stmt: Update, stale: Stale,
+def _sa_completion(db: Connection | Session, stmt: Bound, stale: Stale,
                    committed: Committed | None) -> Iterator[Any]:
     try:
-        _check(db.execute(stmt).rowcount, stale)  # type: ignore[attr-defined]
+        _check(db.execute(stmt.stmt, stmt.params).rowcount, stale)  # type: ignore[attr-defined]
         yield db
         fault_point("before_commit")
     except BaseException:
@@ -173,7 +183,7 @@ def _sa_completion(db: Connection | Session, stmt: Update, stale: Stale,
 
 
 @asynccontextmanager
-async def async_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale,
+async def async_completion(db: Any, stmt: Bound, dialect: Dialect, stale: Stale,
                            retry: DbRetry = NO_RETRY, committed: Committed | None = None) -> AsyncIterator[Any]:
     """Async twin of :func:`sync_completion` for AsyncEngine, AsyncConnection and AsyncSession.
 
@@ -207,7 +217,7 @@ async def async_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale
                     raise
         return
     try:
-        _check((await db.execute(stmt)).rowcount, stale)  # type: ignore[attr-defined]
+        _check((await db.execute(stmt.stmt, stmt.params)).rowcount, stale)  # type: ignore[attr-defined]
         yield db
         fault_point("before_commit")
     except BaseException:
@@ -221,23 +231,23 @@ async def async_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale
             raise
 
 
-async def _abegin(db: Any, stmt: Update, stale: Stale) -> tuple[Any, Any]:
+async def _abegin(db: Any, stmt: Bound, stale: Stale) -> tuple[Any, Any]:
     tx = db.begin()
     conn = await tx.__aenter__()
     try:
-        _check((await conn.execute(stmt)).rowcount, stale)
+        _check((await conn.execute(stmt.stmt, stmt.params)).rowcount, stale)
     except BaseException:
         await tx.__aexit__(*sys.exc_info())
         raise
     return tx, conn
 
 
-def compile_for(stmt: Update, dialect: Dialect, paramstyle: str) -> tuple[str, Any]:
+def compile_for(stmt: Bound, dialect: Dialect, paramstyle: str) -> tuple[str, Any]:
     """Render ``stmt`` as SQL text + parameters for a driver with the given DB-API paramstyle."""
     dialect_cls: Any = type(dialect)  # same dialect, the raw driver's paramstyle
     dia = dialect_cls(paramstyle=paramstyle)
-    compiled = stmt.compile(dialect=dia)
-    params = compiled.params
+    compiled = stmt.stmt.compile(dialect=dia)
+    params = compiled.construct_params(stmt.params)
     if compiled.positional:
         return str(compiled), tuple(params[name] for name in compiled.positiontup or ())
     return str(compiled), params
@@ -250,7 +260,7 @@ def _paramstyle(db: Any, dialect: Dialect) -> str:
 
 
 @contextmanager
-def _dbapi_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale) -> Iterator[Any]:
+def _dbapi_completion(db: Any, stmt: Bound, dialect: Dialect, stale: Stale) -> Iterator[Any]:
     sql, args = compile_for(stmt, dialect, _paramstyle(db, dialect))
     try:
         cur = db.cursor()
@@ -272,7 +282,7 @@ def _is_django(db: Any) -> bool:
 
 
 @contextmanager
-def _django_completion(db: Any, stmt: Update, dialect: Dialect, stale: Stale) -> Iterator[Any]:
+def _django_completion(db: Any, stmt: Bound, dialect: Dialect, stale: Stale) -> Iterator[Any]:
     from django.db import transaction  # only when a Django connection is passed
 
     sql, args = compile_for(stmt, dialect, "format")  # Django cursors take %s on every backend

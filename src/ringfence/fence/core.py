@@ -66,19 +66,30 @@ class Core:
     def enter(self) -> object | None:
         """Capture, or read and apply the rerun rules. Returns RECONCILE when the hook must run."""
         for _ in range(_MAX_ROUNDS):
-            row = self.store.capture(self.subject, self.step, self.owner, self.phash, self.opts.retention_s)
-            if row is not None:  # we inserted it: epoch 1, claimed
+            row, fresh = self._capture()
+            if fresh:  # we inserted it: epoch 1, claimed
                 self._row = row
                 self._observe("captured")
                 fault_point("after_capture")
                 return None
-            row = self.store.get(self.subject, self.step)
             if row is None:  # pruned between our insert and our read: capture again
                 continue
             decided = self._rerun(row)
             if decided is not _LOST_RACE:
                 return decided
         raise FenceBusy(f"{self._where()}: lost {_MAX_ROUNDS} takeover races in a row")
+
+    def _capture(self) -> tuple[FenceRow | None, bool]:
+        """(row, inserted by us): the SQL store answers in one call; another backend captures, then reads."""
+        args = (self.subject, self.step, self.owner, self.phash, self.opts.retention_s)
+        both = getattr(self.store, "capture_or_get", None)
+        if both is not None:
+            found: tuple[FenceRow | None, bool] = both(*args)
+            return found
+        row = self.store.capture(*args)
+        if row is not None:
+            return row, True
+        return self.store.get(self.subject, self.step), False
 
     def _rerun(self, row: FenceRow) -> object | None:
         if row.params_hash != self.phash:

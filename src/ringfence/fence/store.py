@@ -32,7 +32,6 @@ from sqlalchemy import (
     case,
     delete,
     func,
-    insert,
     or_,
     select,
     update,
@@ -45,6 +44,7 @@ from . import complete as _complete
 from .dbretry import DEFAULT_RETRY, DbRetry, make_engine, retrying, watch_disconnects
 from .model import COMPLETABLE, FenceRow, FenceState, Owner, provider_key
 from .schema import DEFAULT_TABLE, create_tables, db_now, db_now_plus, fence_table
+from .statements import Statements, where
 
 T = TypeVar("T")
 
@@ -63,10 +63,17 @@ class FenceStore:
         self.metadata = MetaData()
         self.table = fence_table(self.metadata, table_name)
         self.retry = retry  # every statement here rides out a dead connection (dbretry.py)
+        self.stmts = Statements(self.table)
+        # PostgreSQL: one statement is a transaction of its own, so the single-statement writes and the reads run
+        # in autocommit (one round trip instead of BEGIN, the statement, COMMIT). psycopg switches autocommit on
+        # the client, without a round trip; the pool is shared. Other databases keep explicit transactions
+        # (MySQL drivers send no BEGIN, and switching autocommit there costs a round trip each way).
+        self._pg = self.engine.dialect.name == "postgresql"
+        self.auto: Engine = self.engine.execution_options(isolation_level="AUTOCOMMIT") if self._pg else self.engine
 
     def _read(self, fn: Callable[[Connection], T]) -> T:
         def attempt(_retried: bool) -> T:
-            with self.engine.connect() as conn:
+            with self.auto.connect() as conn:
                 return fn(conn)
         return retrying(self.retry, attempt, "fence read")
 
@@ -74,6 +81,16 @@ class FenceStore:
         """``fn(conn, retried)`` in one transaction, run again on a fresh connection when its connection dies."""
         def attempt(retried: bool) -> T:
             with self.engine.begin() as conn:
+                return fn(conn, retried)
+        return retrying(self.retry, attempt, what)
+
+    def _write1(self, what: str, fn: Callable[[Connection, bool], T]) -> T:
+        """Like :meth:`_write`, for ``fn`` that writes with ONE statement (atomic alone): autocommit where cheap."""
+        if not self._pg:
+            return self._write(what, fn)
+
+        def attempt(retried: bool) -> T:
+            with self.auto.connect() as conn:
                 return fn(conn, retried)
         return retrying(self.retry, attempt, what)
 
@@ -104,8 +121,8 @@ class FenceStore:
 
     def get(self, subject: str, step: str) -> FenceRow | None:
         """The fence row, or None."""
-        q = self._select().where(self._key(subject, step))
-        m = self._read(lambda conn: conn.execute(q).mappings().first())
+        key = {"w_subject": subject, "w_step": step}
+        m = self._read(lambda conn: conn.execute(self.stmts.get, key).mappings().first())
         return None if m is None else _row(m)
 
     show = get
@@ -137,24 +154,38 @@ class FenceStore:
     def capture(self, subject: str, step: str, owner: Owner, phash: str,
                 retention_s: float | None) -> FenceRow | None:
         """INSERT the fence (epoch 1, claimed) in its own transaction; None if the key exists."""
-        stmt = insert(self.table).values(
-            subject=subject, step=step, state=FenceState.CLAIMED.value, epoch=1,
-            owner_job_id=owner.job_id, owner_token=owner.token, lease_until=db_now_plus(owner.lease_s),
-            params_hash=phash, provider_key=provider_key(subject, step), retention_s=retention_s,
-            created_at=db_now(), updated_at=db_now())
-        try:
-            self._write("fence capture", lambda conn, _retried: conn.execute(stmt))
-        except IntegrityError:
-            # Portable unique-violation handling; any other integrity error still surfaces. A retried
-            # INSERT whose first try committed lands here too: the caller reads the row, finds its own
-            # (job id, token) and continues as its owner.
-            if self.get(subject, step) is None:
-                raise
-            return None
-        # What we just wrote, without reading it back (the timestamps stay in the database).
-        return FenceRow(subject=subject, step=step, state=FenceState.CLAIMED, epoch=1, owner_job_id=owner.job_id,
+        row, fresh = self.capture_or_get(subject, step, owner, phash, retention_s)
+        return row if fresh else None
+
+    def capture_or_get(self, subject: str, step: str, owner: Owner, phash: str,
+                       retention_s: float | None) -> tuple[FenceRow | None, bool]:
+        """INSERT the fence (epoch 1, claimed), or read the row holding the key: ``(row, True)`` when this call
+        inserted it, ``(existing row, False)`` when the key exists, ``(None, False)`` when the row vanished (or, on
+        PostgreSQL, was inserted by another run after this statement began): the caller tries again.
+
+        A retried INSERT whose first try committed finds the row too: the caller sees its own (job id, token)
+        and continues as its owner."""
+        values = {"v_subject": subject, "v_step": step, "v_owner_job_id": owner.job_id,
+                  "v_owner_token": owner.token, "v_lease_s": float(owner.lease_s), "v_params_hash": phash,
+                  "v_provider_key": provider_key(subject, step), "v_retention_s": retention_s}
+        mine = FenceRow(subject=subject, step=step, state=FenceState.CLAIMED, epoch=1, owner_job_id=owner.job_id,
                         owner_token=owner.token, params_hash=phash, provider_key=provider_key(subject, step),
-                        retention_s=retention_s, lease_live=True)
+                        retention_s=retention_s, lease_live=True)  # what we write; the timestamps stay in the db
+        if self._pg:  # one statement, one round trip, either way
+            m = self._write1("fence capture", lambda conn, _r: conn.execute(self.stmts.pg_capture, values)
+                             .mappings().one())
+            if m["fresh"]:
+                return mine, True
+            return (None if m["id"] is None else _row(m)), False
+        try:
+            self._write("fence capture", lambda conn, _retried: conn.execute(self.stmts.insert, values))
+        except IntegrityError:
+            # Portable unique-violation handling; any other integrity error still surfaces.
+            row = self.get(subject, step)
+            if row is None:
+                raise
+            return row, False
+        return mine, True
 
     def take_over(self, row: FenceRow, owner: Owner, *, lease_must_be_over: bool) -> FenceRow | None:
         """Become the owner with epoch+1, conditional on the epoch read; None if another run won."""
@@ -176,72 +207,61 @@ class FenceStore:
             return None
         return replace(row, epoch=row.epoch + 1, owner_job_id=owner.job_id, owner_token=owner.token, lease_live=True)
 
-    def _cas(self, subject: str, step: str, epoch: int, values: dict[str, Any],
-             states: Sequence[FenceState] | None = None, expect: dict[str, Any] | None = None) -> None:
-        """One epoch-conditional UPDATE. ``expect``: what the row holds once this write is applied, so a
-        retry after a lost COMMIT answer tells "already done" from "another run took it over"."""
-        t = self.table
-        cond = [self._key(subject, step), t.c.epoch == epoch]
-        if states is not None:
-            cond.append(or_(*(t.c.state == s.value for s in states)))
-        stmt = update(t).where(*cond).values(updated_at=db_now(), **values)
+    def _cas(self, stmt: Update, subject: str, step: str, epoch: int, values: dict[str, Any],
+             states: Sequence[FenceState] = (), expect: dict[str, Any] | None = None) -> None:
+        """One epoch-conditional UPDATE (a prebuilt statement). ``expect``: what the row holds once this write is
+        applied, so a retry after a lost COMMIT answer tells "already done" from "another run took it over"."""
+        params = {**where(subject, step, epoch, *states), **values}
 
         def attempt(conn: Connection, retried: bool) -> None:
-            if conn.execute(stmt).rowcount == 1:
+            if conn.execute(stmt, params).rowcount == 1:
                 return
             if not (retried and expect is not None and self._holds(conn, subject, step, epoch, expect)):
-                raise _fenced_out(subject, step, epoch, states)
+                raise _fenced_out(subject, step, epoch, states or None)
 
-        self._write(f"fence {values.get('state', 'update')}", attempt)
+        self._write1(f"fence {(expect or {}).get('state', 'update')}", attempt)
 
     def mark_calling(self, subject: str, step: str, epoch: int, request: str | None, lease_s: float) -> None:
         """claimed → calling, with the exact request; committed before the provider call."""
-        self._cas(subject, step, epoch, {
-            "state": FenceState.CALLING.value, "request": request, "calling_at": db_now(),
-            "lease_until": db_now_plus(lease_s)}, [FenceState.CLAIMED],
-            {"state": FenceState.CALLING.value, "request": request})
+        self._cas(self.stmts.calling, subject, step, epoch, {"v_request": request, "v_lease_s": float(lease_s)},
+                  [FenceState.CLAIMED], {"state": FenceState.CALLING.value, "request": request})
 
     def renew(self, subject: str, step: str, epoch: int, lease_s: float) -> None:
         """Push ``lease_until`` ahead (a replay is about to call the provider again)."""
-        self._cas(subject, step, epoch, {"lease_until": db_now_plus(lease_s)})
+        self._cas(self.stmts.renew, subject, step, epoch, {"v_lease_s": float(lease_s)})
 
     def record(self, subject: str, step: str, epoch: int, reference: str) -> None:
         """calling → effected with the provider's reference, committed at once."""
-        done = {"state": FenceState.EFFECTED.value, "reference": reference}
-        self._cas(subject, step, epoch, done, [FenceState.CALLING], done)
+        self._cas(self.stmts.record, subject, step, epoch, {"v_reference": reference}, [FenceState.CALLING],
+                  {"state": FenceState.EFFECTED.value, "reference": reference})
 
     def reset_claimed(self, subject: str, step: str, epoch: int) -> None:
         """calling → claimed: reconcile said the effect did not happen, so calling again is safe."""
-        done = {"state": FenceState.CLAIMED.value, "calling_at": None}
-        self._cas(subject, step, epoch, done, [FenceState.CALLING], done)
+        self._cas(self.stmts.reset_claimed, subject, step, epoch, {}, [FenceState.CALLING],
+                  {"state": FenceState.CLAIMED.value, "calling_at": None})
 
     def park(self, subject: str, step: str, epoch: int) -> None:
         """calling → in_doubt: nobody can tell; a person resolves it."""
-        done = {"state": FenceState.IN_DOUBT.value, "lease_until": None}
-        self._cas(subject, step, epoch, done, [FenceState.CALLING], done)
+        self._cas(self.stmts.park, subject, step, epoch, {}, [FenceState.CALLING],
+                  {"state": FenceState.IN_DOUBT.value, "lease_until": None})
 
     def release(self, subject: str, step: str, epoch: int) -> None:
         """End our lease early (a claimed step failed before its effect); best effort."""
-        t = self.table
-        stmt = update(t).where(self._key(subject, step), t.c.epoch == epoch).values(
-            lease_until=db_now(), updated_at=db_now())
-        self._write("fence release", lambda conn, _retried: conn.execute(stmt))  # repeating it is harmless
+        params = where(subject, step, epoch)
+        self._write1("fence release", lambda conn, _retried: conn.execute(self.stmts.release, params))
 
-    def complete_statement(self, subject: str, step: str, epoch: int, result: str | None) -> Update:
-        """The epoch-conditional UPDATE to completed, to run in the application's transaction."""
-        t = self.table
-        return update(t).where(
-            self._key(subject, step), t.c.epoch == epoch, or_(*(t.c.state == s.value for s in COMPLETABLE)),
-        ).values(state=FenceState.COMPLETED.value, result=result, completed_at=db_now(),
-                 updated_at=db_now(), lease_until=None)
+    def complete_statement(self, subject: str, step: str, epoch: int, result: str | None) -> _complete.Bound:
+        """The epoch-conditional UPDATE to completed (prebuilt) and its parameters, for the application's
+        transaction."""
+        return _complete.Bound(self.stmts.complete, {"v_result": result, **where(subject, step, epoch, *COMPLETABLE)})
 
     def complete(self, subject: str, step: str, epoch: int, result: str | None) -> None:
         """Complete with no local writes, in a transaction of the store's own engine."""
-        stmt = self.complete_statement(subject, step, epoch, result)
+        params = {"v_result": result, **where(subject, step, epoch, *COMPLETABLE)}
         done = {"state": FenceState.COMPLETED.value, "result": result}
 
         def attempt(conn: Connection, retried: bool) -> None:
-            if conn.execute(stmt).rowcount != 1 and not (
+            if conn.execute(self.stmts.complete, params).rowcount != 1 and not (
                     retried and self._holds(conn, subject, step, epoch, done)):
                 raise _fenced_out(subject, step, epoch, COMPLETABLE)
             fault_point("before_commit")

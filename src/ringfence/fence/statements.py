@@ -1,0 +1,85 @@
+"""The fence's statements, built once per store with bound parameters (SQLAlchemy compiles each once too).
+
+Building a Core statement per call cost more client CPU than the database work of a fenced job. Names:
+``w_*`` bind the WHERE clause, ``v_*`` the variable values written; a SET value that is the same on every
+call (the state a transition writes) is a literal, so it still shows up under its column name
+(``state``) among the compiled parameters.
+
+On PostgreSQL the capture is one statement that inserts the row or, when the key exists, returns it
+(:attr:`Statements.pg_capture`): a rerun of a completed step costs one round trip.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Double, Table, TextClause, bindparam, case, insert, or_, select, text, update
+
+from .model import COMPLETABLE, FenceState
+from .schema import db_now, db_now_plus
+
+
+def _where(t: Table, states: int = 0) -> list[Any]:
+    cond: list[Any] = [t.c.subject == bindparam("w_subject"), t.c.step == bindparam("w_step"),
+                       t.c.epoch == bindparam("w_epoch")]
+    if states:
+        cond.append(or_(*(t.c.state == bindparam(f"w_state{i}") for i in range(states))))
+    return cond
+
+
+class Statements:
+    """Every statement of the fence protocol's happy path, for one table."""
+
+    def __init__(self, t: Table) -> None:
+        lease = db_now_plus(bindparam("v_lease_s", type_=Double))
+        live = case((t.c.lease_until > db_now(), 1), else_=0).label("lease_live")
+        self.select = select(*t.c, live)
+        self.get = self.select.where(t.c.subject == bindparam("w_subject"), t.c.step == bindparam("w_step"))
+        self.insert = insert(t).values(
+            subject=bindparam("v_subject"), step=bindparam("v_step"), state=FenceState.CLAIMED.value, epoch=1,
+            owner_job_id=bindparam("v_owner_job_id"), owner_token=bindparam("v_owner_token"), lease_until=lease,
+            params_hash=bindparam("v_params_hash"), provider_key=bindparam("v_provider_key"),
+            retention_s=bindparam("v_retention_s", type_=Double), created_at=db_now(), updated_at=db_now())
+        self.calling = update(t).where(*_where(t, 1)).values(
+            state=FenceState.CALLING.value, request=bindparam("v_request"), calling_at=db_now(), lease_until=lease,
+            updated_at=db_now())
+        self.record = update(t).where(*_where(t, 1)).values(
+            state=FenceState.EFFECTED.value, reference=bindparam("v_reference"), updated_at=db_now())
+        self.reset_claimed = update(t).where(*_where(t, 1)).values(
+            state=FenceState.CLAIMED.value, calling_at=None, updated_at=db_now())
+        self.park = update(t).where(*_where(t, 1)).values(
+            state=FenceState.IN_DOUBT.value, lease_until=None, updated_at=db_now())
+        self.renew = update(t).where(*_where(t)).values(lease_until=lease, updated_at=db_now())
+        self.release = update(t).where(*_where(t)).values(lease_until=db_now(), updated_at=db_now())
+        self.complete = update(t).where(*_where(t, len(COMPLETABLE))).values(
+            state=FenceState.COMPLETED.value, result=bindparam("v_result"), completed_at=db_now(),
+            updated_at=db_now(), lease_until=None)
+        self.pg_capture = _pg_capture(t)
+
+
+def where(subject: str, step: str, epoch: int, *states: FenceState) -> dict[str, Any]:
+    """The WHERE parameters of an epoch-conditional statement."""
+    out: dict[str, Any] = {"w_subject": subject, "w_step": step, "w_epoch": epoch}
+    out.update({f"w_state{i}": s.value for i, s in enumerate(states)})
+    return out
+
+
+def _pg_capture(t: Table) -> TextClause:
+    """INSERT the claimed row, or read the existing one, in one statement (PostgreSQL).
+
+    ``fresh`` is 1 when this statement inserted the row (its columns then read NULL: the statement's
+    snapshot predates its own insert; the caller knows what it wrote). When neither branch yields a row
+    (another run inserted the key after this statement's snapshot was taken), the caller tries again.
+    """
+    cols = ", ".join(f"f.{c.name}" for c in t.c)
+    sql = (
+        f"WITH ins AS (INSERT INTO {t.name} (subject, step, state, epoch, owner_job_id, owner_token, lease_until, "
+        "params_hash, provider_key, retention_s, created_at, updated_at) VALUES (:v_subject, :v_step, 'claimed', 1, "
+        ":v_owner_job_id, :v_owner_token, now() + make_interval(secs => CAST(:v_lease_s AS double precision)), "
+        ":v_params_hash, :v_provider_key, CAST(:v_retention_s AS double precision), now(), now()) "
+        "ON CONFLICT (subject, step) DO NOTHING RETURNING id) "
+        f"SELECT (SELECT count(*) FROM ins) AS fresh, {cols}, "
+        "CASE WHEN f.lease_until > now() THEN 1 ELSE 0 END AS lease_live "
+        f"FROM (SELECT 1) AS one LEFT JOIN {t.name} AS f ON f.subject = :v_subject AND f.step = :v_step")
+    return text(sql)
+
