@@ -45,15 +45,19 @@ class Killer:
     def _before(self, conn: sa.Connection, cursor: Any, statement: str, params: Any, context: Any,
                 *args: Any) -> None:
         words = statement.lstrip().split(None, 3)
-        if self.fired or not words or words[0] not in ("INSERT", "UPDATE") or self.target not in statement:
+        if self.fired or not is_write(statement) or self.target not in statement:
             return
         self.seen += 1
         if self.seen != self.n:
             return
         self.fired = (write_kind(statement, context.compiled_parameters[0])  # by name, whatever the paramstyle
                       if self.target == self.table else words[0])
+        dbapi = conn.connection.dbapi_connection
         if self.mode == "before":
-            self.kill(conn.connection.dbapi_connection)
+            self.kill(dbapi)
+        elif getattr(dbapi, "autocommit", False) is True:  # a write in autocommit: no COMMIT to wait for
+            dbapi.cursor().execute(statement, params)  # the write is now durable ...
+            self.kill(dbapi)  # ... and the answer to the very same statement never arrives
         else:
             self._after_commit = True
 
@@ -84,9 +88,14 @@ class Killer:
                 time.sleep(0.01)
 
 
+def is_write(statement: str) -> bool:
+    """An INSERT (alone, or PostgreSQL's capture: ``WITH ins AS (INSERT ...) SELECT ...``) or an UPDATE."""
+    return "INSERT INTO" in statement or statement.lstrip().startswith("UPDATE")
+
+
 def write_kind(statement: str, params: Any) -> str:
     """Which fence write a statement is: capture, takeover, or the state it writes (else "lease")."""
-    if statement.lstrip().startswith("INSERT"):
+    if "INSERT INTO" in statement:
         return "capture"
     if "epoch + " in statement:
         return "takeover"
@@ -294,7 +303,7 @@ def test_retries_are_bounded_then_the_error_surfaces(backend: Backend, rig: Any,
     kills: list[Callable[[], None]] = []
 
     def kill_every_write(conn: sa.Connection, cursor: Any, statement: str, *args: Any) -> None:
-        if statement.lstrip().startswith("INSERT") and store.table.name in statement:
+        if "INSERT INTO" in statement and store.table.name in statement:
             kills.append(lambda: None)
             killer.kill(conn.connection.dbapi_connection)
 

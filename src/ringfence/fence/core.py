@@ -241,6 +241,10 @@ class Core:
             raise FenceError(f"{self._where()}: the effect's outcome is unknown; cannot complete")
         return self.row.epoch, None if result is None else dumps(result)
 
+    def settled(self) -> bool:
+        """Nothing for :meth:`exit` to write (never opened, done on an earlier run, or completed by this one)."""
+        return self._row is None or self.done or self.completed
+
     def exit(self, exc: BaseException | None) -> None:
         """Leave the block: auto-complete a clean exit; end the lease of a failed claimed step."""
         if self._row is None or self.done or self.completed:

@@ -128,7 +128,10 @@ class FenceContext:
 
     async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        await asyncio.to_thread(self._core.exit, exc)
+        core = self._core
+        if core.settled():  # nothing left to write: no thread hop
+            return
+        await asyncio.to_thread(core.exit, exc)
 
 
 class _StepView:
@@ -212,11 +215,20 @@ class AsyncStep(_StepView):
     async def effect(self, fn: Callable[[], Any], request: Any = None,
                      reference: Callable[[Any], Any] | None = None) -> str:
         """Async :meth:`Step.effect`; ``fn`` may be sync or return an awaitable."""
-        stored = await asyncio.to_thread(self._core.begin_effect, request)
-        if stored is not None:
-            return stored
-        value = await call_off_loop(fn)
-        return await asyncio.to_thread(self._core.finish_effect, value, reference)
+        core = self._core
+        if inspect.iscoroutinefunction(fn):
+            stored = await asyncio.to_thread(core.begin_effect, request)
+            if stored is not None:
+                return stored
+            value = await fn()
+        else:  # one thread hop for calling, the call and the record (unless fn hands back an awaitable)
+            stored, value = await asyncio.to_thread(_sync_effect, core, fn, request, reference)
+            if stored is not None:
+                return stored
+            if not inspect.isawaitable(value):
+                return str(value)  # recorded in the thread: value is the reference
+            value = await value
+        return await asyncio.to_thread(core.finish_effect, value, reference)
 
     @asynccontextmanager
     async def complete(self, db: Any, result: Any = None) -> AsyncIterator[Any]:
@@ -230,6 +242,19 @@ class AsyncStep(_StepView):
         async with core.store.acompletion(db, core.subject, core.step, *core.completion_args(result)) as conn:
             yield conn
         core.completed = True
+
+
+def _sync_effect(core: Core, fn: Callable[[], Any], request: Any,
+                 reference: Callable[[Any], Any] | None) -> tuple[str | None, Any]:
+    """In a thread: commit calling, call ``fn``, record its reference. Returns (stored reference, None) when one
+    was recorded before, (None, awaitable) when ``fn`` returned one (the loop awaits it), else (None, reference)."""
+    stored = core.begin_effect(request)
+    if stored is not None:
+        return stored, None
+    value = fn()
+    if inspect.isawaitable(value):
+        return None, value
+    return None, core.finish_effect(value, reference)
 
 
 async def _bounded_hook(core: Core) -> Any:
