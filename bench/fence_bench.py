@@ -118,18 +118,20 @@ KINDS = {  # kind -> (fenced task, plain task)
 def private_database(base_url: str) -> Iterator[str]:
     """CREATE DATABASE ringfence_bench_<hex> on ``base_url``'s server; yield its URL; DROP it at the end."""
     base = make_url(base_url)
-    if base.get_backend_name() != "postgresql":
-        raise SystemExit(f"--fence-url: the fence figure needs PostgreSQL, got {base.get_backend_name()}")
+    pg = base.get_backend_name() == "postgresql"
+    if not pg and base.get_backend_name() not in ("mysql", "mariadb"):
+        raise SystemExit(f"--fence-url: the fence figure needs PostgreSQL or MariaDB, got {base.get_backend_name()}")
     name = f"ringfence_bench_{uuid.uuid4().hex[:10]}"
     admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    quoted = f'"{name}"' if pg else f"`{name}`"
     try:
         with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+            conn.exec_driver_sql(f"CREATE DATABASE {quoted}")
         try:
             yield base.set(database=name).render_as_string(hide_password=False)
         finally:
             with admin.connect() as conn:
-                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {quoted}" + (" WITH (FORCE)" if pg else ""))
     finally:
         admin.dispose()
 
@@ -137,6 +139,38 @@ def private_database(base_url: str) -> Iterator[str]:
 # -- counting round trips on the wire --------------------------------------------------------------------
 @contextmanager
 def wire_trace(engine: Engine) -> Iterator[list[str]]:
+    """One line per database round trip made through ``engine`` inside the block (PostgreSQL or MariaDB)."""
+    if engine.dialect.name == "postgresql":
+        with pg_wire_trace(engine) as trips:
+            yield trips
+    else:
+        with mysql_wire_trace() as trips:
+            yield trips
+
+
+@contextmanager
+def mysql_wire_trace() -> Iterator[list[str]]:
+    """PyMySQL's commands to the server inside the block: each is one request and its answer (a round trip).
+    A statement's line is its label; COMMIT / ROLLBACK end a transaction (MySQL drivers send no BEGIN)."""
+    from pymysql.connections import Connection
+
+    trips: list[str] = []
+    real = Connection._execute_command
+
+    def counted(self: Any, command: int, sql: Any) -> Any:
+        text_ = sql.decode(errors="replace") if isinstance(sql, bytes) else str(sql)
+        trips.append(_statement(text_) if command == 3 else f"(command {command})")  # 3: COM_QUERY
+        return real(self, command, sql)
+
+    Connection._execute_command = counted  # type: ignore[method-assign]
+    try:
+        yield trips
+    finally:
+        Connection._execute_command = real  # type: ignore[method-assign]
+
+
+@contextmanager
+def pg_wire_trace(engine: Engine) -> Iterator[list[str]]:
     """libpq's protocol trace of every connection checked out of ``engine`` inside the block.
 
     Yields a list filled at exit with one line per round trip: the statement(s) the client sent before
@@ -172,7 +206,8 @@ def wire_trace(engine: Engine) -> Iterator[list[str]]:
                 if direction == "F" and kind in ("Query", "Parse"):
                     sent.append(_statement(body))
                 elif direction == "B" and kind == "ReadyForQuery":
-                    trips.append(" + ".join(sent) or "(sync)")
+                    # no Query/Parse: a statement psycopg prepared earlier (Bind/Execute only)
+                    trips.append((" + ".join(sent) or "(prepared)") + ("" if body.strip() == "I" else " …"))
                     sent = []
         os.unlink(path)
 
@@ -192,20 +227,32 @@ def _statement(body: str) -> str:
 
 
 def summarize(trips: list[str]) -> str:
-    """``BEGIN, INSERT, COMMIT, ...`` as ``[INSERT] [SELECT] ...``: one bracket per transaction."""
+    """``BEGIN, INSERT, COMMIT, ...`` as ``[INSERT] [SELECT] ...``: one bracket per transaction.
+
+    On PostgreSQL a line ending in `` …`` left the server inside a transaction; one without it and without
+    BEGIN around it ran in autocommit: a transaction of its own, shown as ``[X]a``."""
     out: list[str] = []
     cur: list[str] = []
     for t in trips:
+        open_ = t.endswith(" …")
+        t = t.removesuffix(" …")
         if t == "BEGIN":
             cur = []
         elif t in ("COMMIT", "ROLLBACK"):
             out.append(f"[{' '.join(cur)}]{'' if t == 'COMMIT' else 'r'}")
             cur = []
-        else:
+        elif cur or open_:
             cur.append(t)
+        else:
+            out.append(f"[{t}]a")
     if cur:
         out.append(" ".join(cur))
     return " ".join(out)
+
+
+def transactions(trips: list[str]) -> int:
+    """Transactions as the server counts them: each COMMIT/ROLLBACK ends one, each autocommit statement is one."""
+    return summarize(trips).count("[")
 
 
 def machine_busy_s() -> float:
@@ -284,11 +331,13 @@ def in_process(bench: Bench, fence_url: str, prefix: str, jobs: int) -> dict[str
             with wire_trace(engine) as trips:
                 _run_jobs(task, fencing, run, range(0, 1))
             out[f"fence_{kind}_round_trips"] = len(trips)
+            out[f"fence_{kind}_xacts"] = transactions(trips)
             out[f"fence_{kind}_trips"] = trips
             out[f"fence_{kind}_transactions"] = summarize(trips)
             with wire_trace(engine) as again:  # a second job on the same subject: the fence is done
                 _run_jobs(task, fencing, run, range(0, 1))
             out[f"fence_{kind}_rerun_round_trips"] = len(again)
+            out[f"fence_{kind}_rerun_xacts"] = transactions(again)
             out[f"fence_{kind}_rerun_trips"] = again
             out[f"fence_{kind}_rerun_transactions"] = summarize(again)
             out[f"fence_{kind}_alone_ms"] = statistics.median(_run_jobs(task, fencing, run, range(1, jobs + 1)))
@@ -298,9 +347,12 @@ def in_process(bench: Bench, fence_url: str, prefix: str, jobs: int) -> dict[str
                 t0 = time.perf_counter()
                 conn.exec_driver_sql("SELECT 1")
                 rtts.append((time.perf_counter() - t0) * 1000)
-            out["pg_round_trip_ms"] = statistics.median(rtts)
-            out["pg_settings"] = {k: conn.exec_driver_sql(f"SHOW {k}").scalar() for k in
-                                  ("server_version", "synchronous_commit", "fsync")}
+            out["db_round_trip_ms"] = statistics.median(rtts)
+            if engine.dialect.name == "postgresql":
+                out["pg_settings"] = {k: conn.exec_driver_sql(f"SHOW {k}").scalar() for k in
+                                      ("server_version", "synchronous_commit", "fsync")}
+            else:
+                out["db_version"] = conn.exec_driver_sql("SELECT VERSION()").scalar()
     finally:
         engine.dispose()
         app.close()

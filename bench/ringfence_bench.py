@@ -403,9 +403,11 @@ ROWS = (
                                ("busy_cores", "  machine cores busy, fenced, ", "{:.2f}"))),
     *((f"fence_{kind}_{what}", f"{label}{kind}", fmt) for kind in ("sync", "async")
       for what, label, fmt in (("round_trips", "DB round trips, one fenced job, ", "{}"),
+                               ("xacts", "DB transactions, one fenced job, ", "{}"),
                                ("rerun_round_trips", "DB round trips, rerun of a done job, ", "{}"),
+                               ("rerun_xacts", "DB transactions, rerun of a done job, ", "{}"),
                                ("alone_ms", "one fenced job alone (in-process), ", "{:.2f} ms"))),
-    ("pg_round_trip_ms", "PostgreSQL round trip (SELECT 1)", "{:.3f} ms"),
+    ("db_round_trip_ms", "fence database round trip (SELECT 1)", "{:.3f} ms"),
 )
 
 
@@ -429,7 +431,7 @@ def report(meta: dict[str, Any], results: dict[str, Any], targets: list[dict[str
                      f"median of {meta['reps']})")
     for kind in ("sync", "async"):
         if f"fence_{kind}_trips" in results:
-            lines.append(f"  ({kind} fenced job, one [transaction] each, r = rolled back: "
+            lines.append(f"  ({kind} fenced job, one [transaction] each, r = rolled back, a = autocommit: "
                          f"{results[f'fence_{kind}_transactions']}; "
                          f"rerun of a done one: {results[f'fence_{kind}_rerun_transactions']})")
     if "pg_settings" in results:
