@@ -159,14 +159,15 @@ def mysql_wire_trace() -> Iterator[list[str]]:
 
     def counted(self: Any, command: int, sql: Any) -> Any:
         text_ = sql.decode(errors="replace") if isinstance(sql, bytes) else str(sql)
-        trips.append(_statement(text_) if command == 3 else f"(command {command})")  # 3: COM_QUERY
+        label = _statement(text_) if command == 3 else f"(command {command})"  # 3: COM_QUERY
+        trips.append(label if label in ("COMMIT", "ROLLBACK") else label + " …")  # no autocommit: all in a transaction
         return real(self, command, sql)
 
-    Connection._execute_command = counted  # type: ignore[method-assign]
+    Connection._execute_command = counted
     try:
         yield trips
     finally:
-        Connection._execute_command = real  # type: ignore[method-assign]
+        Connection._execute_command = real
 
 
 @contextmanager
@@ -251,8 +252,10 @@ def summarize(trips: list[str]) -> str:
 
 
 def transactions(trips: list[str]) -> int:
-    """Transactions as the server counts them: each COMMIT/ROLLBACK ends one, each autocommit statement is one."""
-    return summarize(trips).count("[")
+    """Transactions as the server counts them: each COMMIT/ROLLBACK of a statement ends one, each autocommit
+    statement is one (a ROLLBACK of nothing is a round trip, not a transaction)."""
+    s = summarize(trips)
+    return s.count("[") - s.count("[]")
 
 
 def machine_busy_s() -> float:

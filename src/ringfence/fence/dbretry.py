@@ -143,5 +143,23 @@ def _flag_gone(ctx: ExceptionContext) -> None:
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
-    """The engine the project creates from a URL: no pre-ping (a round trip per checkout), disconnects watched."""
+    """The engine the project creates from a URL: no pre-ping (a round trip per checkout), disconnects watched.
+
+    With PyMySQL a connection goes back to the pool without the pool's ROLLBACK when the server said its last
+    answer left no transaction open (after a COMMIT): a round trip less per fence write on MariaDB/MySQL."""
+    if "pymysql" in url.split("://", 1)[0] and "pool_reset_on_return" not in kwargs:
+        engine = create_engine(url, pool_reset_on_return=None, **kwargs)
+        event.listen(engine, "reset", _rollback_if_open)
+        return watch_disconnects(engine)
     return watch_disconnects(create_engine(url, **kwargs))
+
+
+_IN_TRANS = 1  # MySQL's SERVER_STATUS_IN_TRANS, sent with every OK / EOF packet
+
+
+def _rollback_if_open(dbapi_conn: Any, record: Any, state: Any) -> None:
+    if state.terminate_only or not state.asyncio_safe:
+        return  # the connection is being discarded
+    status = getattr(dbapi_conn, "server_status", None)
+    if not isinstance(status, int) or status & _IN_TRANS:
+        dbapi_conn.rollback()

@@ -177,15 +177,20 @@ class FenceStore:
             if m["fresh"]:
                 return mine, True
             return (None if m["id"] is None else _row(m)), False
-        try:
-            self._write("fence capture", lambda conn, _retried: conn.execute(self.stmts.insert, values))
-        except IntegrityError:
-            # Portable unique-violation handling; any other integrity error still surfaces.
-            row = self.get(subject, step)
-            if row is None:
-                raise
-            return row, False
-        return mine, True
+
+        def attempt(conn: Connection, _retried: bool) -> tuple[FenceRow | None, bool]:
+            try:
+                conn.execute(self.stmts.insert, values)
+            except IntegrityError:
+                # Portable unique-violation handling: read the row in the same transaction (a failed INSERT
+                # leaves it usable on MySQL and SQLite); no row means another integrity error, which surfaces.
+                m = conn.execute(self.stmts.get, {"w_subject": subject, "w_step": step}).mappings().first()
+                if m is None:
+                    raise
+                return _row(m), False
+            return mine, True
+
+        return self._write("fence capture", attempt)
 
     def take_over(self, row: FenceRow, owner: Owner, *, lease_must_be_over: bool) -> FenceRow | None:
         """Become the owner with epoch+1, conditional on the epoch read; None if another run won."""
