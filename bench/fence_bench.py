@@ -1,4 +1,4 @@
-"""The ``fence`` figure of ``python -m bench --only fence``: fenced no-op effects on PostgreSQL.
+"""The ``fence`` figure of ``python -m bench --only fence``: fenced no-op effects on PostgreSQL or MariaDB.
 
 A fenced job opens ``ctx.fence(subject, "noop", params=...)``, runs ``step.effect`` with a no-op effect and
 completes with ``step.complete(engine)`` writing nothing else: the whole cost is the fence's. Figures:
@@ -7,11 +7,13 @@ completes with ``step.complete(engine)`` writing nothing else: the whole cost is
   and ``async def`` handlers, each against the same number of plain no-op jobs of the same kind, drains
   interleaved (plain, fenced, plain, fenced, ...) so drift of the shared machine hits both;
 - the cost per job: wall ms (1000/fenced - 1000/plain jobs/s per process) and worker CPU ms per job;
-- the database round trips of one fenced job, counted on the wire (libpq trace: one ``ReadyForQuery`` per
-  round trip), with the statements, and the in-process latency of one fenced job run alone.
+- the database round trips of one fenced job, counted on the wire (PostgreSQL: libpq trace, one
+  ``ReadyForQuery`` per round trip; MariaDB: PyMySQL's commands, each one request and its answer), the
+  transactions as the server counts them, the statements, and the in-process latency of one fenced job alone.
 
 The fence table lives in a private database ``ringfence_bench_<hex>`` created on the server of
-``--fence-url`` (default ``$RINGFENCE_BENCH_FENCE_URL``, else the test suite's database ``test`` on
+``--fence-url`` (``postgresql+psycopg://…`` or ``mysql+pymysql://…``; default ``$RINGFENCE_BENCH_FENCE_URL``,
+else the test suite's database ``test`` on
 ``127.0.0.1:5432`` as libpq's default user: ``$PGUSER`` or the login name)
 and dropped at the end, so a shared server keeps nothing of the run. Subjects are ``bench-<hex>:order:<n>``.
 """

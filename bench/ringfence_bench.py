@@ -447,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     ap.add_argument("--only", help=f"comma-separated subset of {','.join(FIGURES)} ({','.join(OPT_IN)}: only here)")
     ap.add_argument("--fence-url", default=os.environ.get("RINGFENCE_BENCH_FENCE_URL", bench_fence.DEFAULT_FENCE_URL),
-                    help="PostgreSQL server of the fence figure; a private database is created on it and dropped "
+                    help="PostgreSQL or MariaDB (mysql+pymysql) server of the fence figure; a private database "
+                         "is created on it and dropped "
                          "(default $RINGFENCE_BENCH_FENCE_URL or %(default)s)")
     ap.add_argument("--fence-jobs", type=int, help="jobs per drain of the fence figure (default 5,000)")
     ap.add_argument("--concurrency", type=int, help="worker --concurrency (default 10)")
