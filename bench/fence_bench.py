@@ -91,8 +91,8 @@ def fenced_sync(ctx: JobContext, run: str, n: int) -> None:
 
 
 async def fenced_async(ctx: JobContext, run: str, n: int) -> None:
-    """The same, ``async def``: the store calls run in ``asyncio.to_thread``; ``complete`` with a sync Engine
-    runs its transaction on the loop's thread (as in tests/fenceapp.py)."""
+    """The same, ``async def``: the store calls run in ``asyncio.to_thread`` (calling, the sync effect and the
+    record in one hop); ``complete`` with a sync Engine runs its begin and commit in a thread (docs/fences.md)."""
     async with ctx.fence(f"{run}:order:{n}", STEP, params={"n": n}) as step:
         if step.done:
             return

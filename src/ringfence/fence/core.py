@@ -1,7 +1,7 @@
 """The fence protocol's decisions, written once as blocking code.
 
-``step.py`` wraps this for ``with`` (called directly) and ``async with`` (each call in
-``asyncio.to_thread``); the provider call and the ``reconcile`` hook are the only parts
+``step.py`` wraps this for ``with`` (called directly) and ``async with`` (in ``asyncio.to_thread``;
+a sync effect's calling, call and record share one hop); the provider call and the ``reconcile`` hook are the only parts
 that run in the caller's own style, between :meth:`Core.begin_effect` and
 :meth:`Core.finish_effect`.
 """
