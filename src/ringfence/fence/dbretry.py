@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import ExceptionContext
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from ..errors import ConfigError
 
@@ -76,6 +76,11 @@ NO_RETRY = DbRetry(attempts=1)
 def is_disconnect(exc: BaseException) -> bool:
     """Did this error come from a connection that died (so the transaction may run again on a new one)?"""
     return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Did the database not answer (a dead connection, a refused connect, a lock timeout)? Worth trying later."""
+    return is_disconnect(exc) or isinstance(exc, OperationalError | InterfaceError)
 
 
 def retrying(policy: DbRetry, attempt: Callable[[bool], T], what: str = "database call") -> T:

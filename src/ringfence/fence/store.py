@@ -300,13 +300,15 @@ class FenceStore:
 
     # --- a job that leaves the queue -------------------------------------------------------
 
-    def owned(self, job_id: str) -> builtins.list[FenceRow]:
-        """Steps past capture (``calling``/``effected``) that job ``job_id`` owns.
+    def owned(self, job_id: str, *, in_doubt: bool = False) -> builtins.list[FenceRow]:
+        """Steps past capture (``calling``/``effected``) that job ``job_id`` owns; with ``in_doubt``, also the
+        steps parked ``in_doubt`` while it owned them (the dead-letter names them all).
 
-        Read through the state index: these two states are transient, so few rows match.
+        Read through the state index: these states are transient or wait for a person, so few rows match.
         """
         t = self.table
-        q = self._select().where(t.c.state.in_(_PAST_CAPTURE), t.c.owner_job_id == job_id).order_by(t.c.id)
+        states = (*_PAST_CAPTURE, FenceState.IN_DOUBT.value) if in_doubt else _PAST_CAPTURE
+        q = self._select().where(t.c.state.in_(states), t.c.owner_job_id == job_id).order_by(t.c.id)
         return self._read(lambda conn: [_row(m) for m in conn.execute(q).mappings()])
 
     # --- operations by a person -------------------------------------------------------------

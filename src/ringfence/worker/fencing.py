@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from ringfence.app import App
 from ringfence.errors import FencedOut
-from ringfence.fence import FenceRow, Fences, FenceState, Owner
+from ringfence.fence import DbRetry, FenceRow, Fences, FenceState, Owner
+from ringfence.fence.dbretry import is_transient
 from ringfence.models import Fetched
 from ringfence.redis.broker import Broker
+from ringfence.redis.connection import UNAVAILABLE
 from ringfence.settings import WorkerSettings
 from ringfence.tasks import JobContext
 
@@ -63,38 +66,69 @@ class Fencing:
                         "in-doubt rules", job.id, ", ".join(f"{r.subject}/{r.step} ({r.state})" for r in owned))
         return bool(owned)
 
-    async def leaving(self, job: Fetched) -> tuple[list[str], bool]:
+    async def leaving(self, job: Fetched) -> tuple[list[str], bool] | None:
         """The job goes to dead-letter: its ``calling`` steps become ``in_doubt`` (with its id as owner), and
-        every step it owns past capture is named. A step held by another live attempt is left alone.
-        Returns the notes and whether a step was parked."""
+        every step it owns past capture or in doubt is named. A step held by another live attempt is left alone.
+        Returns the notes and whether a step is in doubt; None when the steps could not be checked (Redis or
+        the database did not answer within the retries): the job must not be dead-lettered blind."""
         store = self.app.fence_store_in_use()
         if store is None:
             return [], False
         try:
             return await asyncio.to_thread(self._leaving, store, job)
-        except Exception:
-            log.exception("job %s: marking the steps it owns in doubt failed; `ringfence doctor` reports them "
-                          "as owned by a gone job", job.id)
-            return [], False
+        except Exception as exc:
+            if not transient(exc):
+                log.exception("job %s: reading the steps it owns failed", job.id)
+                return [f"the steps it owns could not be read ({type(exc).__name__}: {exc}); `ringfence doctor` "
+                        "reports any it left calling or effected"], False
+            log.warning("job %s: the steps it owns could not be checked (%s: %s); not dead-lettered now: its "
+                        "lease lapses and the next attempt dead-letters it", job.id, type(exc).__name__, exc)
+            return None
 
     def _leaving(self, store: Any, job: Fetched) -> tuple[list[str], bool]:
-        notes, parked = [], False
-        for row in store.owned(job.id):
-            if row.owner_token != job.token and row.owner_token and self.alive(job.id, row.owner_token):
+        notes, in_doubt = [], False
+        for row in store.owned(job.id, in_doubt=True):
+            if row.state is FenceState.IN_DOUBT:  # parked by an earlier attempt whose dead-letter did not happen
+                notes.append(step_note(row, job.id))
+                in_doubt = True
+                continue
+            if row.owner_token != job.token and row.owner_token and self._alive(job.id, row.owner_token):
                 continue
             if row.state is FenceState.CALLING:
                 try:
                     store.park(row.subject, row.step, row.epoch)
                 except FencedOut:
                     continue  # settled or taken over meanwhile
-                parked = True
+                in_doubt = True
             notes.append(step_note(row, job.id))
-        return notes, parked
+        return notes, in_doubt
+
+    def _alive(self, job_id: str, token: str) -> bool:
+        """``alive``, riding out a Redis restart (refused, LOADING) for up to a lease."""
+        retry = DbRetry(attempts=100, base_s=0.1, cap_s=1.0, budget_s=self.settings.lease_s)
+        delays = retry.delays()
+        while True:
+            try:
+                return self.alive(job_id, token)
+            except UNAVAILABLE as exc:
+                delay = next(delays, None)
+                if delay is None:
+                    raise
+                self.broker.health.lost(exc)
+                time.sleep(delay)
+
+
+def transient(exc: BaseException) -> bool:
+    """Redis or the database not answering (worth doing the whole dead-letter again later)."""
+    return isinstance(exc, UNAVAILABLE) or is_transient(exc)
 
 
 def step_note(row: FenceRow, job_id: str) -> str:
     """One line for the dead-letter error: which step the dead job leaves behind, and what it means."""
     where = f"fence {row.subject}/{row.step}"
+    if row.state is FenceState.IN_DOUBT:
+        return (f"{where} is in_doubt: the effect may have happened (owner job {job_id}, provider key "
+                f"{row.provider_key})")
     if row.state is FenceState.EFFECTED:
         return (f"{where} was effected (reference {row.reference!r}): the effect happened, its local completion "
                 f"did not; replay job {job_id} to finish it")

@@ -112,7 +112,7 @@ class Heartbeat(Loop):
         now = broker.clock()
         by_queue: dict[str, list[tuple[str, str, int]]] = defaultdict(list)
         for r in list(w.processor.running.values()):
-            if r.settled or r.lost:
+            if (r.settled and not r.sweeping) or r.lost:
                 continue
             job = r.job
             # Never beyond max_lease_s after the start: a hung job loses its lease in the end.

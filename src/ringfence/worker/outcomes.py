@@ -31,6 +31,7 @@ class Running:
     started: float = 0.0     # monotonic time the handler started (0: it never did)
     thread: asyncio.Future[Any] | None = None  # a sync handler's run in the pool
     abandoned: bool = False  # shutdown left its thread running: the lease lapses, nothing is recorded
+    sweeping: bool = False   # settled, on its way to dead-letter: the heartbeat still renews its lease
 
 
 @dataclass

@@ -314,20 +314,35 @@ class Processor:
             await b.arun(b.retry(job.queue, job.id, job.token, b.clock() + int(o.delay_s * 1000), entry))
             return
         task_name = job.spec.task if job.spec is not None else "?"
-        o = await self._leaving(job, o)
-        fields = {"reason": o.reason, "error": o.error, "traceback": o.tb, "task": task_name, "queue": job.queue}
+        r.sweeping = True  # the lease is renewed while the steps are checked: a lapse would lose the dead-letter
+        try:
+            named = await self._leaving(job, o)
+            if named is None:
+                return  # not dead-lettered blind: the lease lapses and the next attempt does it again
+            o = named
+            fields = {"reason": o.reason, "error": o.error, "traceback": o.tb, "task": task_name, "queue": job.queue}
+            durable = job.spec is not None and self.app.failed_jobs is not None
+            took = await b.arun(b.dead(job.queue, job.id, job.token, entry, fields, durable=durable))
+        finally:
+            r.sweeping = False
+        if not took:
+            self._log(r).warning("job %s: dead-letter [%s] refused: its lease had moved on; the attempt holding "
+                                 "it now decides (it names the steps in doubt): %s", job.id, o.reason, o.error)
+            return
         self._log(r).error("job %s (%s) -> dead-letter [%s]: %s", job.id, task_name, o.reason, o.error)
-        durable = job.spec is not None and self.app.failed_jobs is not None
-        if await b.arun(b.dead(job.queue, job.id, job.token, entry, fields, durable=durable)):
-            fault_point("after_dead_letter")  # a kill here leaves the failed_jobs row owed: the sweep writes it
-            await self._dead_hooks(job, o, task_name)
+        fault_point("after_dead_letter")  # a kill here leaves the failed_jobs row owed: the sweep writes it
+        await self._dead_hooks(job, o, task_name)
 
-    async def _leaving(self, job: Fetched, o: Outcome) -> Outcome:
-        """Name the steps a dead job leaves behind; a ``calling`` one is now in doubt, and so is the job."""
-        notes, parked = await self.fencing.leaving(job)
+    async def _leaving(self, job: Fetched, o: Outcome) -> Outcome | None:
+        """Name the steps a dead job leaves behind; a ``calling`` one is now in doubt, and so is the job.
+        None: they could not be checked."""
+        left = await self.fencing.leaving(job)
+        if left is None:
+            return None
+        notes, in_doubt = left
         if not notes:
             return o
-        return replace(o, reason="in_doubt" if parked else o.reason, error="; ".join([o.error, *notes]))
+        return replace(o, reason="in_doubt" if in_doubt else o.reason, error="; ".join([o.error, *notes]))
 
     @staticmethod
     def _log(r: Running) -> JobLogger:
