@@ -35,6 +35,11 @@ def check_url(url: str) -> None:
         raise CannotConnect(f"bad Redis URL {safe_url(url)}: {exc}") from exc
 
 
+def still_loading(exc: BaseException) -> bool:
+    """Redis answered LOADING: it is restarting with its data, so waiting helps."""
+    return isinstance(exc, redis.BusyLoadingError)
+
+
 def login_refused(exc: BaseException, url: str) -> str | None:
     """The one line when Redis refused the login (a wrong or missing password): waiting cannot help."""
     return cannot_connect(exc, url) if isinstance(exc, redis.AuthenticationError) else None

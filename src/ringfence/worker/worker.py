@@ -10,13 +10,11 @@ import socket
 from collections.abc import Coroutine
 from typing import Any
 
-import redis
-
 from ringfence.app import App
 from ringfence.errors import BrokerError, CannotConnect, ConfigError, EnvironmentMismatch, RedisFull
 from ringfence.metrics import Metrics
 from ringfence.models import new_job_id
-from ringfence.redis.connect import login_refused
+from ringfence.redis.connect import login_refused, still_loading
 from ringfence.redis.connection import UNAVAILABLE, redact
 from ringfence.settings import WorkerSettings, check_name
 from ringfence.worker.durable import DurableSweep
@@ -112,7 +110,7 @@ class Worker:
                 if refused:
                     raise CannotConnect(refused) from exc
                 b.health.lost(exc)
-                if isinstance(exc, redis.BusyLoadingError):
+                if still_loading(exc):
                     deadline = loop_time() + b.connection.first_connect_s
                 elif loop_time() + delay > deadline:
                     raise BrokerError(f"Redis at {redact(b.url)} did not answer within "
