@@ -24,7 +24,8 @@ SCAN_PAGES = 20    # with a filter: at most this many pages read per request (th
 
 
 class Dashboard:
-    """State shared by the routes of one dashboard app."""
+    """State shared by the routes of one dashboard app. Pages are plain functions: Starlette runs them in its
+    thread pool, so their blocking Redis and SQL reads never hold up the event loop."""
 
     def __init__(self, app: App, guard: Guard, redact_fields: tuple[str, ...], refresh_s: float) -> None:
         self.app, self.guard, self.redact_fields, self.refresh_s = app, guard, redact_fields, refresh_s
@@ -65,13 +66,13 @@ def build(app: App, *, read_only: bool, token: str | None, authorize: Any, redac
 
     d = Dashboard(app, Guard(token, authorize, read_only), redact, refresh_s)
 
-    async def overview(request: Request) -> Response:
+    def overview(request: Request) -> Response:
         return d.render(request, "overview.html", page="overview", **views.overview(app))
 
-    async def servers(request: Request) -> Response:
+    def servers(request: Request) -> Response:
         return d.render(request, "servers.html", page="servers", servers=views.servers(app))
 
-    async def job(request: Request) -> Response:
+    def job(request: Request) -> Response:
         job_id = request.query_params.get("id", "").strip()
         found = jobs.find_job(app, job_id) if job_id else None
         steps: list[Any] = []
@@ -83,7 +84,7 @@ def build(app: App, *, read_only: bool, token: str | None, authorize: Any, redac
         return d.render(request, "job.html", page="jobs", job_id=job_id, job=found, steps=steps,
                         status=404 if job_id and found is None else 200)
 
-    async def browse(request: Request) -> Response:
+    def browse(request: Request) -> Response:
         queue, state = request.path_params["queue"], request.path_params["state"]
         if state not in STATES or queue not in app.broker.queues():
             return d.render(request, "job.html", page="jobs", job_id="", job=None, steps=[], status=404,
@@ -97,19 +98,29 @@ def build(app: App, *, read_only: bool, token: str | None, authorize: Any, redac
                         offset=offset, next_offset=next_offset, states=STATES,
                         paused=app.broker.queue_counts(queue)["paused"])
 
-    async def fences(request: Request) -> Response:
+    def fences(request: Request) -> Response:
         replay = request.query_params.get("replay", "")
         dead = replay and jobs.find_job(app, replay)
         return d.render(request, "fences.html", page="fences", replay=dead if dead and dead.state == "dead" else None,
                         **views.fences(app))
 
-    async def doctor(request: Request) -> Response:
+    def doctor(request: Request) -> Response:
         return d.render(request, "doctor.html", page="doctor", findings=d.doctor.findings(app))
+
+    def reconcile(request: Request) -> Response:
+        q = request.query_params
+        form = {"table": q.get("table", "").strip(), "subject_column": q.get("subject_column", "").strip() or "subject",
+                "reference_column": q.get("reference_column", "").strip(),
+                "subject_template": q.get("subject_template", "").strip() or "{}"}
+        step = q.get("step", "").strip()
+        report, error = views.reconcile(app, step, form)
+        return d.render(request, "reconcile.html", page="reconcile", step=step, form=form, report=report, error=error)
 
     static = StaticFiles(packages=[("ringfence.dashboard", "static")])
     routes = [
         Route("/", overview), Route("/servers", servers), Route("/jobs", job),
         Route("/queues/{queue}/{state}", browse), Route("/fences", fences), Route("/doctor", doctor),
+        Route("/fences/reconcile", reconcile),
         *actions.routes(d), Mount("/static", static, name="static"),
     ]
     return Starlette(routes=routes)

@@ -89,3 +89,21 @@ class DoctorView:
         after = Snapshot.take(app.broker)
         self.last = (time.monotonic(), after)
         return run_checks(Context(app, before, after, Thresholds(sample_s=self.min_gap_s)))
+
+
+def reconcile(app: App, step: str, form: dict[str, str]) -> tuple[dict[str, Any] | None, str]:
+    """``ringfence reconcile`` for one step, on demand: (report as a dict, or None; a one-line error)."""
+    if app.fence_store_in_use() is None:
+        return None, "no fence database configured"
+    if not step:
+        return None, "name a step"
+    from ringfence.reconcile import read_table
+    from ringfence.reconcile import reconcile as run
+
+    try:
+        effects = read_table(app, form["table"], subject_column=form["subject_column"],
+                             reference_column=form["reference_column"] or None,
+                             subject_template=form["subject_template"]) if form["table"] else None
+        return run(app, step, effects).to_dict(), ""
+    except Exception as exc:  # a wrong table or column name: say so on the page
+        return None, f"{type(exc).__name__}: {exc}".splitlines()[0]

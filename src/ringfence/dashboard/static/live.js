@@ -7,7 +7,7 @@
   var page = body.getAttribute("data-page");
   var next = document.querySelector("form[data-autosubmit]");
   if (next) { setTimeout(function () { next.submit(); }, 200); return; }
-  if (!every || page === "login" || page === "progress") return;
+  if (!every || page === "login" || page === "progress" || page === "reconcile") return;
   function busy(main) {
     var a = document.activeElement;
     if (a && main.contains(a) && /INPUT|SELECT|TEXTAREA/.test(a.tagName)) return true;
