@@ -289,3 +289,14 @@ def test_reconcile_page_against_a_provider_table(make_app, tmp_path) -> None:
     row = re.search(r'data-finding="double_effects"><td>double_effects</td><td class="num[^"]*">(\d+)<', found)
     assert row is not None and row.group(1) == "1"
     assert 'href="/fences/reconcile?step=charge"' in client.get("/fences").text
+
+
+def test_chart_buckets_sum_counts_and_keep_the_peak_of_latency() -> None:
+    from ringfence.dashboard.charts import buckets, line_chart
+
+    counts = {"p100": 3, "p101": 4, "p99": 1, "l100": 5000, "l101": 2000, "p10": 7}
+    assert buckets(counts, "p", 101, 4, 1) == [0.0, 1.0, 3.0, 4.0]
+    assert buckets(counts, "p", 101, 4, 2) == [1.0, 7.0]
+    assert buckets(counts, "l", 101, 4, 2, peak=True) == [0.0, 5000.0]
+    svg = str(line_chart("t", [("latency", [0.0, 5.0, 2.0], "s-lat")], "-1h", unit="s", totals=False))
+    assert "latency (max 5s)" in svg and "<small>max 5s</small>" in svg and svg.count("<polyline") == 1

@@ -19,8 +19,8 @@ def overview(app: App) -> dict[str, Any]:
     for q in broker.queues():
         c = broker.queue_counts(q)
         mins = broker.minutes(q)
-        for key, v in mins.items():
-            total[key] = total.get(key, 0) + v
+        for key, v in mins.items():  # counts add up over queues; latency: the worst queue
+            total[key] = max(total.get(key, 0), v) if key.startswith("l") else total.get(key, 0) + v
         oldest = c["oldest_enqueued_ms"]
         rows.append({
             "queue": q, "pending": c["pending"], "active": c["active"], "scheduled": c["scheduled"],
@@ -36,11 +36,10 @@ def overview(app: App) -> dict[str, Any]:
                                  [("processed", buckets(total, "p", minute, minutes, step), "s-ok")], left))
         charts.append(line_chart(f"Failures, {label} ({per})",
                                  [("failed attempts", buckets(total, "f", minute, minutes, step), "s-bad")], left))
-        lat = buckets(total, "l", minute, minutes, step)
-        if step > 1:
-            lat = [v / step for v in lat]
-        charts.append(line_chart(f"Latency, {label} (oldest pending, s; sampled by workers)",
-                                 [("latency", [round(v / 1000, 1) for v in lat], "s-lat")], left, unit="s"))
+        lat = buckets(total, "l", minute, minutes, step, peak=True)
+        charts.append(line_chart(f"Latency, {label} (oldest pending, worst queue, s)",
+                                 [("latency", [round(v / 1000, 1) for v in lat], "s-lat")], left, unit="s",
+                                 totals=False))
     return {"queues": rows, "charts": charts, "environment": broker.environment()}
 
 
