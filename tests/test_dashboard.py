@@ -89,6 +89,10 @@ def test_actions_need_token_and_csrf(app: App) -> None:
     ok = client.post("/actions/pause", data={"csrf": csrf(client), "queue": "default", "paused": "1"})
     assert ok.status_code == 200 and "paused default" in ok.text
     assert app.broker.queue_counts("default")["paused"]
+    out = client.post("/logout", data={"csrf": csrf(client)})
+    assert "logged out" in out.text and "log in for actions" in out.text
+    again = client.post("/actions/pause", data={"csrf": csrf(client), "queue": "default", "paused": "0"})
+    assert again.status_code == 403 and app.broker.queue_counts("default")["paused"]
     bad_login = TestClient(web)
     assert bad_login.post("/login", data={"csrf": csrf(bad_login, "/login"), "token": "guess"}).status_code == 403
 
@@ -300,3 +304,23 @@ def test_chart_buckets_sum_counts_and_keep_the_peak_of_latency() -> None:
     assert buckets(counts, "l", 101, 4, 2, peak=True) == [0.0, 5000.0]
     svg = str(line_chart("t", [("latency", [0.0, 5.0, 2.0], "s-lat")], "-1h", unit="s", totals=False))
     assert "latency (max 5s)" in svg and "<small>max 5s</small>" in svg and svg.count("<polyline") == 1
+
+
+def test_the_per_minute_history_stays_bounded(app: App) -> None:
+    """Fields older than a day go once the hash passes 4,400 fields, whichever script starts a new minute."""
+    b = app.broker
+    key = b.keys.queue("default").minutes
+    now_minute = b.clock() // 60_000
+    old = {f"p{m}": 1 for m in range(now_minute - 10_000, now_minute - 5_500)}  # 4,500 minutes long gone
+    recent = {f"f{now_minute - 5}": 2}
+    b.sync.hset(key, mapping={**old, **recent})
+    b.run(b.latency_sample("default", 1500))
+    left = b.minutes("default")
+    assert [(k[0], v) for k, v in left.items() if k not in recent] == [("l", 1500)] and recent.items() <= left.items()
+    b.sync.hset(key, mapping=old)
+    b.sync.hdel(key, *[k for k in left if k.startswith("l")])
+    job = app.enqueue("charge", order=1)
+    [(job_id, _, _)] = b.run(b.fetch("default", 1, b.clock() + 10_000, "tok"))
+    assert job_id == job and b.run(b.ack("default", [(job, "tok")])) == []
+    left = b.minutes("default")
+    assert [(k[0], v) for k, v in left.items() if k not in recent] == [("p", 1)] and recent.items() <= left.items()

@@ -66,6 +66,15 @@ async def _login(d: Dashboard, request: Request) -> Response:
     return resp
 
 
+async def _logout(d: Dashboard, request: Request) -> Response:
+    form = await request.form()
+    if not csrf_ok(request, form.get("csrf")):
+        return PlainTextResponse("refused: missing or wrong CSRF value (reload the page)", 403)
+    resp = _back(_base(request), "/", msg="logged out")
+    resp.delete_cookie(AUTH_COOKIE, path=_base(request) or "/")
+    return resp
+
+
 async def _pause(d: Dashboard, request: Request, form: Any) -> Response:
     queue, paused = str(form.get("queue", "")), form.get("paused") == "1"
     if queue not in d.app.broker.queues():
@@ -122,8 +131,11 @@ def routes(d: Dashboard) -> list[Route]:
     async def login(request: Request) -> Response:
         return await _login(d, request)
 
+    async def logout(request: Request) -> Response:
+        return await _logout(d, request)
+
     return [
-        Route("/login", login, methods=["GET", "POST"]),
+        Route("/login", login, methods=["GET", "POST"]), Route("/logout", logout, methods=["POST"]),
         Route("/actions/pause", _guarded(d, _pause), methods=["POST"]),
         Route("/actions/cancel", _guarded(d, _cancel), methods=["POST"]),
         Route("/actions/purge", _guarded(d, _purge), methods=["POST"]),
