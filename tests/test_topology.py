@@ -3,6 +3,7 @@ URL forms, the broker and real worker processes on each, and a master SIGKILLed 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -304,3 +305,52 @@ def _loading(port: int) -> bool:
         return True
     except (redis.ConnectionError, redis.TimeoutError):
         return False
+
+
+async def test_broker_transitions_and_wake_ups(url: str) -> None:
+    """Every job transition, the registry, breakers and limits on each topology; an idle worker's wait ends on
+    an enqueue (sharded pub/sub on the cluster) well before its timeout."""
+    from ringfence.redis.broker import Broker
+    from ringfence.redis.waker import Waker
+
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    b = Broker(url, ns)
+    spec = b'{"t":"noop","a":{"n":1},"e":1}'
+    try:
+        assert b.run(b.enqueue("q", [("j1", spec, 0), ("j2", spec, 0)])) == [True, True]
+        now = b.clock()
+        got = await b.arun(b.fetch("q", 2, now + 5000, "tok"))
+        assert [g[0] for g in got] == ["j1", "j2"]
+        assert await b.arun(b.extend("q", [("j1", "tok", now + 9000)])) == []
+        assert await b.arun(b.ack("q", [("j1", "tok")])) == []
+        assert await b.arun(b.retry("q", "j2", "tok", now - 1, {"error": "x"}))
+        assert await b.arun(b.promote("q")) == 1
+        [(_, _, attempt)] = await b.arun(b.fetch("q", 1, b.clock() + 5000, "t2"))
+        assert attempt == 2 and await b.arun(b.dead("q", "j2", "t2", {"error": "y"}, {"reason": "failed"}))
+        assert b.dead_ids("q") == ["j2"] and b.run(b.replay("q", ["j2"])) == ["j2"]
+        assert b.queue_counts("q")["pending"] == 1
+        await b.heartbeat_server("s1", {"id": "s1", "queues": {"q": 1}}, 5)
+        assert [s["id"] for s in b.servers()] == ["s1"] and b.queues() == ["q"]
+        await b.unregister_server("s1")
+        assert b.servers() == []
+        assert b.run(b.breaker_allow("dep", 10, 1000))[0]
+        assert b.run(b.acquire_slot("task", "t", 1, "j9", b.clock() + 5000))
+        waker = Waker(b, "w1", ["q2"])
+        await waker.start()
+        await waker.mark_idle(10)
+        await waker.wait(0.2)  # reads the subscription's confirmation
+
+        async def woken() -> float:
+            while not await waker.wait(8):
+                pass
+            return time.monotonic()
+
+        waiting = asyncio.ensure_future(woken())
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        await b.arun(b.enqueue("q2", [("j3", spec, 0)]))
+        assert await asyncio.wait_for(waiting, 8) - started < 3
+        await waker.close()
+    finally:
+        await b.aclose()
+        b.close()
