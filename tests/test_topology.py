@@ -354,3 +354,37 @@ async def test_broker_transitions_and_wake_ups(url: str) -> None:
     finally:
         await b.aclose()
         b.close()
+
+
+def test_a_master_turned_replica_is_waited_out_not_a_crash(tmp_path: Path, redis_url: str) -> None:
+    """A worker pointed at one address whose Redis becomes a replica (writes answer READONLY, as after a
+    failover without Sentinel-aware clients) keeps running, and runs jobs again once that Redis is a master."""
+    servers = Servers(tmp_path)
+    a, b = free_port(), free_port()
+    servers.start(a)
+    servers.start(b)
+    url = f"redis://127.0.0.1:{a}/0"
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    app = App(url, ns, environment="test")
+    noop = app.task(name="noop")(_noop)
+    rdb = redis.Redis.from_url(redis_url)
+    w = worker(url, ns, redis_url, "--queues", "default")
+    try:
+        first = noop.enqueue(n=1)
+        wait_until(lambda: first in runs(rdb, ns), timeout=30)
+        admin = redis.Redis(port=a)
+        admin.replicaof("127.0.0.1", b)
+        wait_until(lambda: admin.info("replication")["master_link_status"] == "up", timeout=20)
+        time.sleep(2.0)  # the worker's loops meet READONLY
+        assert w.poll() is None, w.communicate()[0].decode(errors="replace")
+        admin.replicaof("NO", "ONE")
+        second = noop.enqueue(n=2)
+        wait_until(lambda: second in runs(rdb, ns) or w.poll() is not None, timeout=30)
+        assert w.poll() is None, w.communicate()[0].decode(errors="replace")
+    finally:
+        w.send_signal(signal.SIGTERM)
+        out = w.communicate(timeout=30)[0].decode(errors="replace")
+        rdb.delete(f"{ns}:test:runs")
+        servers.stop()
+    assert w.returncode == 0, out
+    assert "ReadOnlyError" in out and "Traceback" not in out
