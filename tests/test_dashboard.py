@@ -324,3 +324,18 @@ def test_the_per_minute_history_stays_bounded(app: App) -> None:
     assert job_id == job and b.run(b.ack("default", [(job, "tok")])) == []
     left = b.minutes("default")
     assert [(k[0], v) for k, v in left.items() if k not in recent] == [("p", 1)] and recent.items() <= left.items()
+
+
+def test_a_dead_job_only_in_the_failed_jobs_table_is_found(make_app, tmp_path) -> None:
+    from ringfence.models import DeadJob
+
+    app = make_app(environment="test", fence_url=f"sqlite:///{tmp_path}/f.db")
+    app.fence_store.create_all()
+    app.failed_jobs.create_all()
+    app.failed_jobs.record(DeadJob("lost-1", "default", "doomed", {"n": 1, "card": "4111"}, "permanent", "E", "",
+                                   1, 5, []), {"t": "doomed", "v": 1, "e": 1.0, "a": {"n": 1, "card": "4111"}})
+    found = jobs.find_job(app, "lost-1")
+    assert found is not None and (found.state, found.source, found.task) == ("dead", "sql", "doomed")
+    page = logged_in(create_app(app, token=TOKEN)).get("/jobs?id=lost-1").text
+    assert "failed_jobs table only" in page and "ringfence dead replay lost-1" in page and "4111" not in page
+    assert 'action="/actions/dead"' not in page  # Redis has no record to replay: the CLI restores it

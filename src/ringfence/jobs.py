@@ -41,6 +41,7 @@ class JobView:
     traceback: str = ""
     died_ms: int = 0
     malformed: str = ""
+    source: str = "redis"  # or "sql": a dead job only in the failed_jobs table (Redis lost it)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -66,7 +67,22 @@ def find_job(app: App, job_id: str) -> JobView | None:
             continue  # left the queue meanwhile: look on
         _fill(view, raw)
         return view
-    return None
+    return _sql_only(app, job_id)
+
+
+def _sql_only(app: App, job_id: str) -> JobView | None:
+    """A dead job kept only in the failed_jobs table (not replayed): Redis lost it."""
+    failed = app.failed_jobs
+    if failed is None:
+        return None
+    from ringfence.fence.failed import as_dead_job
+
+    rows = failed.unreplayed([job_id])
+    if not rows:
+        return None
+    view = _dead_view(as_dead_job(rows[0]))
+    view.source = "sql"
+    return view
 
 
 def _fill(view: JobView, raw: bytes) -> None:
