@@ -403,7 +403,8 @@ class Processor:
             r = self.running.get(job_id)
             if r is None or r.settled:
                 continue
-            log.error("job %s lost its lease (another attempt owns it now); stopping this run", job_id)
+            log.error("job %s lost its lease (another attempt owns it now, or a person cancelled it); stopping this "
+                      "run", job_id)
             r.lost = True
             if r.ctx is not None:
                 r.ctx.cancelled.set()
