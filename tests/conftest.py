@@ -12,19 +12,21 @@ import pytest
 import redis
 
 from ringfence import App
-from support import FAST, WorkerProc, service_missing, wait_until  # noqa: F401 (re-exported for tests)
-
-REDIS_URL = os.environ.get("RINGFENCE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
+from support import (  # noqa: F401 (re-exported for tests)
+    FAST,
+    REDIS_URL,
+    SimClock,
+    WorkerProc,
+    on_clock,
+    redis_answering,
+    service_missing,
+    wait_until,
+)
 
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
-    try:
-        redis.Redis.from_url(REDIS_URL).ping()
-    except redis.RedisError as exc:
-        service_missing("Redis", str(exc))
-    return REDIS_URL
+    return redis_answering(REDIS_URL)
 
 
 @pytest.fixture
@@ -37,13 +39,14 @@ def namespace(redis_url: str) -> Iterator[str]:
         r.delete(*keys)
 
 
-
-
 @pytest.fixture
 def make_app(redis_url: str, namespace: str) -> Callable[..., App]:
-    def make(**kw: Any) -> App:
+    """``make_app(**App options)``: an App on this test's namespace; ``clock=`` puts its broker on a SimClock."""
+
+    def make(*, clock: SimClock | None = None, **kw: Any) -> App:
         kw.setdefault("worker", FAST)
-        return App(redis_url, namespace, **kw)
+        app = App(redis_url, namespace, **kw)
+        return app if clock is None else on_clock(app, clock)
 
     return make
 
@@ -52,6 +55,11 @@ def make_app(redis_url: str, namespace: str) -> Callable[..., App]:
 def rdb(redis_url: str) -> redis.Redis:
     return redis.Redis.from_url(redis_url)
 
+
+@pytest.fixture
+def clock() -> SimClock:
+    """A simulated clock (``Broker(clock=clock)``, or ``make_app(clock=clock)``)."""
+    return SimClock()
 
 
 @pytest.fixture

@@ -1,4 +1,13 @@
-"""Helpers shared by the tests (importable as ``support``; conftest modules are not importable by name)."""
+"""What the tests share, in one place (importable as ``support``; conftest modules are not importable by name).
+
+- services: the Redis and database URLs (each overridable by an environment variable) and the one skip policy:
+  on a laptop a missing service skips its tests, in CI (``CI=true`` or ``RINGFENCE_REQUIRE_SERVICES=1``,
+  set by ``.ci/run``) it fails them;
+- :class:`SimClock`, the simulated clock a :class:`~ringfence.redis.broker.Broker` takes instead of Redis's;
+- real worker processes (:class:`WorkerProc`) and :func:`wait_until`.
+
+The fake payment provider is public: :class:`ringfence.testing.FakeProvider`.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +22,20 @@ from typing import Any
 
 import pytest
 
-from ringfence import WorkerSettings
+from ringfence import App, WorkerSettings
+from ringfence.redis.broker import Broker
 
 REQUIRE = os.environ.get("RINGFENCE_REQUIRE_SERVICES") == "1" or os.environ.get("CI") == "true"
 ROOT = Path(__file__).resolve().parent.parent
+
+# --- services ------------------------------------------------------------------------------------------------
+REDIS_URL = os.environ.get("RINGFENCE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+DATABASES: dict[str, str | None] = {
+    "sqlite": None,  # a fresh file per test (or session)
+    "postgresql": os.environ.get("RINGFENCE_TEST_POSTGRESQL_URL", "postgresql+psycopg://root@127.0.0.1:5432/test"),
+    "mariadb": os.environ.get("RINGFENCE_TEST_MARIADB_URL", "mysql+pymysql://root@127.0.0.1:3306/test"),
+}
+SERVERS: dict[str, str] = {name: url for name, url in DATABASES.items() if url}  # the database servers only
 
 # Short leases and intervals so crash and retry tests finish in seconds.
 FAST = WorkerSettings(lease_s=2.0, heartbeat_s=0.5, recover_interval_s=0.5, promote_interval_s=0.1,
@@ -73,23 +92,62 @@ def wait_until(check: Callable[[], Any], timeout: float = 20.0, interval: float 
     raise AssertionError(f"condition not met within {timeout}s: {check}")
 
 
-DATABASES = {
-    "sqlite": None,
-    "postgresql": "postgresql+psycopg://root@127.0.0.1:5432/test",
-    "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
-}
+def redis_answering(url: str = REDIS_URL) -> str:
+    """``url``, checked to answer a PING (else :func:`service_missing`)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        service_missing("Redis", f"{url}: {exc}")
+    finally:
+        client.close()
+    return url
+
+
+def database_answering(name: str, url: str) -> str:
+    """``url`` of database ``name``, checked to answer ``select 1`` (else :func:`service_missing`)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as c:
+            c.execute(text("select 1"))
+    except Exception as exc:
+        service_missing(name, f"{url}: {exc}")
+    finally:
+        engine.dispose()
+    return url
 
 
 def database_url(name: str, tmp_path: Path) -> str:
-    """The URL of database ``name`` (a fresh SQLite file for "sqlite"), checked to answer."""
-    from sqlalchemy import create_engine, text
+    """The URL of database ``name`` (a fresh SQLite file under ``tmp_path`` for "sqlite"), checked to answer."""
+    return database_answering(name, DATABASES[name] or f"sqlite:///{tmp_path}/app.db")
 
-    url = DATABASES[name] or f"sqlite:///{tmp_path}/app.db"
-    try:
-        engine = create_engine(url)
-        with engine.connect() as c:
-            c.execute(text("select 1"))
-        engine.dispose()
-    except Exception as exc:
-        service_missing(name, str(exc))
-    return url
+
+# --- time ----------------------------------------------------------------------------------------------------
+class SimClock:
+    """A simulated clock for ``Broker(clock=...)``: now in ms, moved only by the test.
+
+    Every lease, retry, schedule and expiry the broker's scripts compare is read from it, so a test sets time
+    exactly instead of sleeping and allowing for a loaded machine.
+    """
+
+    def __init__(self, ms: int = 1_000_000) -> None:
+        self.ms = ms
+
+    def __call__(self) -> int:
+        return self.ms
+
+    def advance(self, seconds: float) -> int:
+        """Move time forward by ``seconds``; returns the new now (ms)."""
+        self.ms += round(seconds * 1000)
+        return self.ms
+
+
+def on_clock(app: App, clock: SimClock) -> App:
+    """``app`` with its broker on ``clock`` instead of Redis's: its worker, producer and scheduler read that."""
+    app._broker = Broker(app.redis_url, app.namespace, clock=clock, connection=app.redis_settings,
+                         clients=app.redis_clients)
+    return app

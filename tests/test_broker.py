@@ -8,23 +8,11 @@ import redis
 
 from ringfence.models import JobSpec
 from ringfence.redis.broker import Broker
-
-
-class Clock:
-    def __init__(self, ms: int = 1_000_000) -> None:
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
+from support import SimClock
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def broker(redis_url: str, namespace: str, clock: Clock) -> Broker:
+def broker(redis_url: str, namespace: str, clock: SimClock) -> Broker:
     return Broker(redis_url, namespace, clock=clock)
 
 
@@ -44,7 +32,7 @@ def test_enqueue_is_idempotent_by_id_and_schedules_future_jobs(broker: Broker, r
         assert rdb.ttl(key) == -1
 
 
-def test_fetch_leases_in_fifo_order_and_counts_attempts(broker: Broker, rdb: redis.Redis, clock: Clock) -> None:
+def test_fetch_leases_in_fifo_order_and_counts_attempts(broker: Broker, rdb: redis.Redis, clock: SimClock) -> None:
     k = broker.keys.queue("q")
     broker.run(broker.enqueue("q", [(i, spec(), 0) for i in ("a", "b", "c")]))
     got = broker.run(broker.fetch("q", 2, clock.ms + 5000, "w1.1"))
@@ -54,7 +42,7 @@ def test_fetch_leases_in_fifo_order_and_counts_attempts(broker: Broker, rdb: red
     assert rdb.lrange(k.pending, 0, -1) == [b"c"]
 
 
-def test_paused_queue_keeps_jobs(broker: Broker, rdb: redis.Redis, clock: Clock) -> None:
+def test_paused_queue_keeps_jobs(broker: Broker, rdb: redis.Redis, clock: SimClock) -> None:
     broker.run(broker.enqueue("q", [("a", spec(), 0)]))
     broker.set_paused("q", True)
     assert broker.run(broker.fetch("q", 10, clock.ms + 5000, "w")) == []
@@ -62,7 +50,7 @@ def test_paused_queue_keeps_jobs(broker: Broker, rdb: redis.Redis, clock: Clock)
     assert len(broker.run(broker.fetch("q", 10, clock.ms + 5000, "w"))) == 1
 
 
-def test_ack_requires_the_current_token(broker: Broker, rdb: redis.Redis, clock: Clock) -> None:
+def test_ack_requires_the_current_token(broker: Broker, rdb: redis.Redis, clock: SimClock) -> None:
     k = broker.keys.queue("q")
     broker.run(broker.enqueue("q", [("a", spec(), 0)]))
     broker.run(broker.fetch("q", 1, clock.ms + 5000, "w1.1"))
@@ -73,7 +61,7 @@ def test_ack_requires_the_current_token(broker: Broker, rdb: redis.Redis, clock:
     assert rdb.hget(k.stats, "processed") == b"1"
 
 
-def test_extend_moves_deadline_only_for_the_owner(broker: Broker, rdb: redis.Redis, clock: Clock) -> None:
+def test_extend_moves_deadline_only_for_the_owner(broker: Broker, rdb: redis.Redis, clock: SimClock) -> None:
     k = broker.keys.queue("q")
     broker.run(broker.enqueue("q", [("a", spec(), 0)]))
     broker.run(broker.fetch("q", 1, clock.ms + 5000, "tok"))
@@ -84,7 +72,7 @@ def test_extend_moves_deadline_only_for_the_owner(broker: Broker, rdb: redis.Red
 
 
 def test_recover_returns_expired_leases_to_the_head_marked_orphaned(
-    broker: Broker, rdb: redis.Redis, clock: Clock
+    broker: Broker, rdb: redis.Redis, clock: SimClock
 ) -> None:
     k = broker.keys.queue("q")
     broker.run(broker.enqueue("q", [("a", spec(), 0), ("b", spec(), 0)]))
@@ -103,7 +91,7 @@ def test_recover_returns_expired_leases_to_the_head_marked_orphaned(
     assert got[0][0] == "a" and got[0][2] == 2
 
 
-def test_retry_then_promote(broker: Broker, rdb: redis.Redis, clock: Clock) -> None:
+def test_retry_then_promote(broker: Broker, rdb: redis.Redis, clock: SimClock) -> None:
     k = broker.keys.queue("q")
     broker.run(broker.enqueue("q", [("a", spec(), 0)]))
     broker.run(broker.fetch("q", 1, clock.ms + 5000, "tok"))
@@ -116,7 +104,7 @@ def test_retry_then_promote(broker: Broker, rdb: redis.Redis, clock: Clock) -> N
     assert orjson.loads(rdb.hget(k.history, "a")) == [{"attempt": 1, "error": "E"}]
 
 
-def test_requeue_does_not_burn_the_attempt(broker: Broker, rdb: redis.Redis, clock: Clock) -> None:
+def test_requeue_does_not_burn_the_attempt(broker: Broker, rdb: redis.Redis, clock: SimClock) -> None:
     k = broker.keys.queue("q")
     broker.run(broker.enqueue("q", [("a", spec(), 0), ("b", spec(), 0)]))
     broker.run(broker.fetch("q", 1, clock.ms + 5000, "tok"))
@@ -128,7 +116,7 @@ def test_requeue_does_not_burn_the_attempt(broker: Broker, rdb: redis.Redis, clo
 
 
 def test_dead_keeps_everything_and_replay_restores_the_same_id(
-    broker: Broker, rdb: redis.Redis, clock: Clock
+    broker: Broker, rdb: redis.Redis, clock: SimClock
 ) -> None:
     k = broker.keys.queue("q")
     original = JobSpec(task="t", args={"big": 12345678901234567890, "s": 'quote " and \\'}, enqueued_ms=1).encode()
@@ -148,7 +136,7 @@ def test_dead_keeps_everything_and_replay_restores_the_same_id(
     assert not rdb.exists(k.dead) and not rdb.exists(k.dead_jobs) and not rdb.hexists(k.attempts, "a")
 
 
-def test_delete_dead_by_age(broker: Broker, rdb: redis.Redis, clock: Clock) -> None:
+def test_delete_dead_by_age(broker: Broker, rdb: redis.Redis, clock: SimClock) -> None:
     k = broker.keys.queue("q")
     for i in ("a", "b"):
         broker.run(broker.enqueue("q", [(i, spec(), 0)]))

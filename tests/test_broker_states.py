@@ -6,7 +6,6 @@ clock; nothing a rule draws from depends on randomness or on the wall clock (hyp
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import redis
@@ -16,22 +15,15 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from ringfence.models import JobSpec
 from ringfence.redis.broker import Broker
+from support import REDIS_URL, SimClock
 
-REDIS_URL = os.environ.get("RINGFENCE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 SPEC = JobSpec(task="t", args={}, enqueued_ms=1).encode()
-
-
-class Clock:
-    ms = 1_000_000
-
-    def __call__(self) -> int:
-        return self.ms
 
 
 class BrokerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.clock = Clock()
+        self.clock = SimClock()
         self.ns = f"prop{uuid.uuid4().hex[:8]}"
         self.b = Broker(REDIS_URL, self.ns, clock=self.clock)
         self.k = self.b.keys.queue("q")

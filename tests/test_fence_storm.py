@@ -18,14 +18,10 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from support import wait_until
+from support import SERVERS, database_answering, wait_until
 
 pytestmark = pytest.mark.slow
 
-SERVERS = {
-    "postgresql": "postgresql+psycopg://root@127.0.0.1:5432/test",
-    "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
-}
 ORDERS, STORM_S = 30, 5.0
 
 
@@ -73,14 +69,7 @@ def storm_app(request, redis_url, namespace):
     dialect = request.param
     app_name = f"rf-storm-{uuid.uuid4().hex[:8]}"
     url = SERVERS[dialect] + (f"?application_name={app_name}" if dialect == "postgresql" else "")
-    admin = sa.create_engine(SERVERS[dialect], isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as c:
-            c.execute(sa.text("SELECT 1"))
-    except sa.exc.OperationalError as exc:
-        from support import service_missing
-
-        service_missing(dialect, str(exc))
+    admin = sa.create_engine(database_answering(dialect, SERVERS[dialect]), isolation_level="AUTOCOMMIT")
     os.environ.update(RINGFENCE_NAMESPACE=namespace, RINGFENCE_REDIS_URL=redis_url, FENCE_URL=url)
     import stormapp
 

@@ -8,26 +8,18 @@ import uuid
 import orjson
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import Column, MetaData, String, Table, create_engine, text
+from sqlalchemy import Column, MetaData, String, Table
 
 from ringfence.cli import main as cli
 from ringfence.fence import FenceStore
 from ringfence.fence.model import Owner
 from ringfence.reconcile import Effect, reconcile
-from support import service_missing
-
-DATABASES = {"sqlite": None, "postgresql": "postgresql+psycopg://root@127.0.0.1:5432/test"}
+from support import database_url
 
 
-@pytest.fixture(params=list(DATABASES))
+@pytest.fixture(params=["sqlite", "postgresql"])
 def store(request, tmp_path):
-    url = DATABASES[request.param] or f"sqlite:///{tmp_path}/fence.db"
-    try:
-        with create_engine(url).connect() as c:
-            c.execute(text("select 1"))
-    except Exception as exc:
-        service_missing(request.param, str(exc))
-    s = FenceStore(url, table_name=f"rf_{uuid.uuid4().hex[:8]}")
+    s = FenceStore(database_url(request.param, tmp_path), table_name=f"rf_{uuid.uuid4().hex[:8]}")
     s.create_all()
     yield s
     s.drop_all()

@@ -16,7 +16,7 @@ from ringfence.inspect import breakers, queue_info
 from ringfence.redis.broker import Broker
 from ringfence.scheduler import Scheduler
 from ringfence.settings import BreakerPolicy
-from support import wait_until
+from support import SimClock, wait_until
 from test_worker import run_until
 
 QUEUES = [("critical", 6), ("default", 3), ("low", 1)]
@@ -91,14 +91,6 @@ async def test_paused_queue_keeps_its_jobs_until_resumed(make_app) -> None:
     assert queue_info(app.broker, "default")["paused"] is True
     CliRunner().invoke(cli, ["queue", "resume", "default"], env=env)
     await run_until(app, lambda: len(done) == 5)
-
-
-class SimClock:
-    def __init__(self, ms: int) -> None:
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
 
 
 def cron_app(make_app, catch_up: str = "last"):

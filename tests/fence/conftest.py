@@ -2,13 +2,12 @@
 
 Every backend test runs on SQLite (a temp file), PostgreSQL and MariaDB. Other suites use
 the same servers concurrently, so each test session creates uniquely named tables and
-drops them at the end. With RINGFENCE_REQUIRE_SERVICES=1 an unreachable server fails the
-test instead of skipping it.
+drops them at the end. The URLs and the skip policy (in CI an unreachable server fails the
+test instead of skipping it) are ``support``'s.
 """
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -18,31 +17,14 @@ import sqlalchemy as sa
 from fence_helpers import Backend, OwnerFactory, Provider
 
 from ringfence.fence import FenceStore, Owner
-
-SERVER_URLS = {
-    "postgresql": "postgresql+psycopg://root@127.0.0.1:5432/test",
-    "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
-}
-BACKENDS = ["sqlite", "postgresql", "mariadb"]
+from support import DATABASES, REDIS_URL, database_answering, redis_answering
 
 
-def _unavailable(why: str) -> None:
-    if os.environ.get("RINGFENCE_REQUIRE_SERVICES") == "1" or os.environ.get("CI") == "true":
-        pytest.fail(f"required service unavailable: {why}")
-    pytest.skip(why)
-
-
-@pytest.fixture(scope="session", params=BACKENDS)
+@pytest.fixture(scope="session", params=list(DATABASES))
 def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
     name = request.param
-    url = SERVER_URLS.get(name) or f"sqlite:///{tmp_path_factory.mktemp('fence') / 'fence.db'}"
+    url = database_answering(name, DATABASES[name] or f"sqlite:///{tmp_path_factory.mktemp('fence') / 'fence.db'}")
     engine = sa.create_engine(url, pool_pre_ping=True)
-    try:
-        with engine.connect() as conn:
-            conn.execute(sa.text("SELECT 1"))
-    except sa.exc.OperationalError as exc:
-        engine.dispose()
-        _unavailable(f"{name} at {url}: {exc.orig}")
     suffix = uuid.uuid4().hex[:10]
     store = FenceStore(engine, table_name=f"rf_fences_{suffix}")
     md = sa.MetaData()
@@ -68,12 +50,7 @@ def fence_redis() -> Iterator[Any]:
 
     from ringfence.redis.fence import RedisFenceStore
 
-    url = os.environ.get("RINGFENCE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-    client = redis.Redis.from_url(url)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        _unavailable(f"redis at {url}: {exc}")
+    client = redis.Redis.from_url(redis_answering(REDIS_URL))
     store = RedisFenceStore(client, prefix=f"rf-test-{uuid.uuid4().hex[:10]}")
     try:
         yield store
