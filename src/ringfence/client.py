@@ -27,10 +27,11 @@ class Client:
         self.app = app
         self._known_queues: set[str] = set()
 
-    def prepare(self, task: Task, payload: Any, opts: EnqueueOptions) -> Prepared:
-        """Validate and encode one job. ``payload`` is a dict of fields or the task's payload model."""
+    def prepare(self, task: Task, payload: Any, opts: EnqueueOptions, now_ms: float | None = None) -> Prepared:
+        """Validate and encode one job. ``payload`` is a dict of fields or the task's payload model.
+        ``now_ms``: the time to enqueue at, instead of Redis's clock (the outbox writes without Redis)."""
         args = task.codec.encode(payload)
-        now = self.app.broker.clock()
+        now = self.app.broker.clock() if now_ms is None else int(now_ms)
         queue = check_name("queue", opts.queue or task.options.queue)
         at = 0
         if opts.run_at is not None and opts.delay_s is not None:
@@ -51,7 +52,7 @@ class Client:
         spec = JobSpec(
             task=task.name,
             args=args,
-            enqueued_ms=self.app.broker.precise_ms(),
+            enqueued_ms=self.app.broker.precise_ms() if now_ms is None else round(now_ms, 3),
             version=task.version,
             max_attempts=opts.max_attempts,
             timeout_ms=None if opts.timeout_s is None else int(opts.timeout_s * 1000),

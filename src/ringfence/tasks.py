@@ -91,6 +91,19 @@ class Task:
     async def aenqueue(self, model: BaseModel | None = None, /, **fields: Any) -> str:
         return await self.app.client.aenqueue(self, _payload(model, fields), EnqueueOptions())
 
+    def enqueue_in(self, conn: Any, model: BaseModel | None = None, /, **fields: Any) -> str:
+        """Write the job into the outbox table in ``conn``'s transaction (no commit, no Redis); the relay
+        sends it once the transaction commits (docs/outbox.md). Returns the job's id."""
+        from ringfence.outbox.write import enqueue_in
+
+        return enqueue_in(self, conn, _payload(model, fields), EnqueueOptions())
+
+    async def aenqueue_in(self, conn: Any, model: BaseModel | None = None, /, **fields: Any) -> str:
+        """:meth:`enqueue_in` through an AsyncConnection or AsyncSession."""
+        from ringfence.outbox.write import aenqueue_in
+
+        return await aenqueue_in(self, conn, _payload(model, fields), EnqueueOptions())
+
 
 @dataclass(frozen=True)
 class EnqueueOptions:
@@ -152,6 +165,16 @@ class BoundTask:
 
     async def aenqueue(self, model: BaseModel | None = None, /, **fields: Any) -> str:
         return await self.task.app.client.aenqueue(self.task, _payload(model, fields), self.options)
+
+    def enqueue_in(self, conn: Any, model: BaseModel | None = None, /, **fields: Any) -> str:
+        from ringfence.outbox.write import enqueue_in
+
+        return enqueue_in(self.task, conn, _payload(model, fields), self.options)
+
+    async def aenqueue_in(self, conn: Any, model: BaseModel | None = None, /, **fields: Any) -> str:
+        from ringfence.outbox.write import aenqueue_in
+
+        return await aenqueue_in(self.task, conn, _payload(model, fields), self.options)
 
 
 def _payload(model: BaseModel | None, fields: dict[str, Any]) -> Any:

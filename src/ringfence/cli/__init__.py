@@ -67,6 +67,6 @@ def main(log_level: str, log_json: bool | None, debug: bool) -> None:
     cli_configure(log_level, log_json)
 
 
-from ringfence.cli import contracts, dashboard, dead, demo, fence, jobs, observe, ops, worker  # noqa: E402  (commands register on import)
+from ringfence.cli import contracts, dashboard, dead, demo, fence, jobs, observe, ops, outbox, worker  # noqa: E402  (commands register on import)
 
-__all__ = ["contracts", "dashboard", "dead", "demo", "fence", "jobs", "main", "observe", "ops", "worker"]
+__all__ = ["contracts", "dashboard", "dead", "demo", "fence", "jobs", "main", "observe", "ops", "outbox", "worker"]

@@ -1,0 +1,132 @@
+"""``task.enqueue_in(conn, ...)``: the job as a row of the outbox, written in the caller's transaction.
+
+Nothing here commits or talks to Redis: the row becomes visible to the relay when the caller commits, and
+vanishes with everything else when it rolls back. ``conn`` is what a fence completion takes: a SQLAlchemy
+Connection or Session (``aenqueue_in``: AsyncConnection or AsyncSession), a DB-API connection (sqlite3,
+psycopg, PyMySQL …) or Django's ``django.db.connection``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, Insert, MetaData, Table, insert
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import Session
+
+from ringfence.errors import ConfigError
+from ringfence.fence.schema import db_now
+from ringfence.outbox.schema import OUTBOX_TABLE, outbox_table
+
+if TYPE_CHECKING:
+    from ringfence.tasks import EnqueueOptions, Task
+
+_TABLES: dict[str, Table] = {}
+
+# A DB-API connection's module -> the SQLAlchemy dialect that renders SQL for it.
+_DBAPI_DIALECTS = {"sqlite3": "sqlite", "psycopg": "postgresql+psycopg", "psycopg2": "postgresql+psycopg2",
+                   "pymysql": "mysql+pymysql", "MySQLdb": "mysql+mysqldb", "mariadb": "mariadb+mariadbconnector"}
+_DJANGO_DIALECTS = {"postgresql": "postgresql+psycopg", "mysql": "mysql+pymysql", "sqlite": "sqlite"}
+
+
+def table(name: str = OUTBOX_TABLE) -> Table:
+    found = _TABLES.get(name)
+    if found is None:
+        found = _TABLES[name] = outbox_table(MetaData(), name)
+    return found
+
+
+def row(task: Task, payload: Any, opts: EnqueueOptions) -> dict[str, Any]:
+    """Validate and encode exactly as ``task.enqueue`` does (same errors), timed by this host's clock."""
+    if opts.raise_on_duplicate:
+        raise ConfigError("enqueue_in: raise_on_duplicate cannot apply: the relay sends the job after the "
+                          "transaction commits; check for the unique key in your own tables instead")
+    client = task.app.client
+    queue, job_id, spec, at, ukey, until = client.prepare(task, payload, opts, now_ms=time.time() * 1000)
+    replicas = client._replicas(opts)
+    return {"namespace": task.app.namespace, "job_id": job_id, "queue": queue, "task": task.name,
+            "spec": spec.decode(), "run_at_ms": at or None, "unique_key": ukey or None,
+            "unique_until_ms": until if ukey else None, "min_replicas": replicas or None}
+
+
+def statement(values: dict[str, Any]) -> Insert:
+    # inline: no RETURNING of the new id (nobody reads it; a raw DB-API cursor would leave it unread)
+    return insert(table()).values(**values, created_at=db_now()).inline()
+
+
+def enqueue_in(task: Task, conn: Any, payload: Any, opts: EnqueueOptions) -> str:
+    """Write the job into the outbox through ``conn``; return its id (the id it will have in Redis)."""
+    values = row(task, payload, opts)
+    write(conn, values)
+    return str(values["job_id"])
+
+
+async def aenqueue_in(task: Task, conn: Any, payload: Any, opts: EnqueueOptions) -> str:
+    values = row(task, payload, opts)
+    await awrite(conn, values)
+    return str(values["job_id"])
+
+
+def write(conn: Any, values: dict[str, Any]) -> None:
+    """Insert the row through ``conn`` without committing."""
+    if _is_async(conn):
+        raise TypeError(f"enqueue_in: {type(conn).__name__} is asynchronous: use `await task.aenqueue_in(conn, ...)`")
+    if isinstance(conn, Connection | Session):
+        conn.execute(statement(values))
+        return
+    if _is_django(conn):
+        sql, args = _compile(statement(values), _dialect(_DJANGO_DIALECTS.get(conn.vendor), conn.vendor), "format")
+        with conn.cursor() as cur:
+            cur.execute(sql, args)
+        return
+    if callable(getattr(conn, "cursor", None)) and callable(getattr(conn, "commit", None)):
+        root = type(conn).__module__.split(".")[0]
+        module = sys.modules.get(root)
+        dialect = _dialect(_DBAPI_DIALECTS.get(root), root)
+        sql, args = _compile(statement(values), dialect, str(getattr(module, "paramstyle", dialect.paramstyle)))
+        cur = conn.cursor()
+        try:
+            cur.execute(sql, args)
+        finally:
+            cur.close()
+        return
+    raise TypeError(f"enqueue_in: cannot write through a {type(conn).__name__}; pass a SQLAlchemy Connection or "
+                    "Session (aenqueue_in: an async one), a DB-API connection or django.db.connection")
+
+
+async def awrite(conn: Any, values: dict[str, Any]) -> None:
+    if not _is_async(conn):
+        write(conn, values)  # a sync connection from async code: the caller's thread owns it
+        return
+    await conn.execute(statement(values))
+
+
+def _is_async(conn: Any) -> bool:
+    mod = type(conn).__module__
+    return mod.startswith("sqlalchemy.ext.asyncio") and type(conn).__name__ in ("AsyncConnection", "AsyncSession")
+
+
+def _is_django(conn: Any) -> bool:
+    return all(hasattr(conn, a) for a in ("vendor", "alias", "in_atomic_block"))
+
+
+def _dialect(name: str | None, what: str) -> Dialect:
+    if name is None:
+        raise TypeError(f"enqueue_in: no SQL dialect known for {what!r} connections; pass a SQLAlchemy "
+                        "Connection or Session instead")
+    from sqlalchemy.engine import make_url
+
+    dialect: Dialect = make_url(f"{name}://").get_dialect()()
+    return dialect
+
+
+def _compile(stmt: Insert, dialect: Dialect, paramstyle: str) -> tuple[str, Any]:
+    """SQL text + parameters for a driver with the given DB-API paramstyle."""
+    dia = type(dialect)(paramstyle=paramstyle)  # type: ignore[call-arg]
+    compiled = stmt.compile(dialect=dia)
+    params = compiled.construct_params()
+    if compiled.positional:
+        return str(compiled), tuple(params[name] for name in compiled.positiontup or ())
+    return str(compiled), params
