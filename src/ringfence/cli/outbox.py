@@ -33,3 +33,29 @@ def ddl(dialect: str) -> None:
     from ringfence.outbox import outbox_ddl
 
     click.echo(outbox_ddl(dialect))
+
+
+@main.command()
+@app_option
+@click.option("--once", is_flag=True, help="relay the rows waiting now, then exit (exit 2 if another relay "
+                                            "holds the lease)")
+@click.option("--batch", default=100, show_default=True, type=click.IntRange(min=1),
+              help="rows per transaction (each batch is one SELECT ... FOR UPDATE, one Redis call per queue)")
+@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
+              help="seconds between looks at the outbox when it is empty")
+@click.option("--lease", "lease_s", default=10.0, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
+              help="seconds the relay lease lasts unless renewed (one relay at a time per namespace)")
+def relay(app: App, once: bool, batch: int, interval: float, lease_s: float) -> None:
+    """Move committed rows of the outbox table (task.enqueue_in) to Redis, each once, in order per queue."""
+    import signal
+
+    from ringfence.outbox.relay import Relay
+
+    r = Relay(app, batch=batch, lease_s=lease_s)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: r.stop.set())
+    where = r.store.engine.url.render_as_string(hide_password=True)
+    if not once:
+        click.echo(f"relaying {where} (namespace {app.namespace}) to {app.broker.url}; Ctrl-C to stop", err=True)
+    total = r.run(once=once, interval_s=interval)
+    click.echo(f"relayed {total} row(s) ({r.counts.sent} sent, {r.counts.refused} refused as sent before)")

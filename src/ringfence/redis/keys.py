@@ -32,6 +32,7 @@ class QueueKeys:
     unique_exp: str  # zset: unique key -> ms when the hold ends
     cron: str        # hash: periodic name -> last tick ms handled
     minutes: str     # hash: p<minute>/f<minute> -> processed/failed in that minute (a day kept; dashboard)
+    outbox_sent: str  # zset: id -> ms the outbox relay sent it; refuses a second send (lua/relay.lua)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Keys:
         self.server_info = f"{n}:server_info"  # hash: server id -> JSON host, pid, queues, running jobs
         self.meta = f"{n}:meta"          # hash: env, created
         self.dependencies = f"{n}:dependencies"  # set: every dependency with a circuit breaker
+        self.outbox_lease = f"{n}:outbox_lease"  # string: the outbox relay holding the lease (one at a time)
         self._cache: dict[str, QueueKeys] = {}
 
     def breaker(self, dependency: str) -> BreakerKeys:
@@ -84,6 +86,7 @@ class Keys:
                 unique_exp=f"{p}:unique_exp",
                 cron=f"{p}:cron",
                 minutes=f"{p}:minutes",
+                outbox_sent=f"{p}:outbox_sent",
             )
             self._cache[name] = keys
         return keys

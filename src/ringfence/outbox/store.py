@@ -1,0 +1,112 @@
+"""The relay's side of the outbox table: a locked batch of waiting rows, their deletion, and the lag.
+
+A batch is read and deleted in one transaction that holds the rows' locks while the relay sends them to
+Redis, so a second relay cannot read them until the first has committed (and then no longer finds them):
+``SELECT ... FOR UPDATE`` on PostgreSQL and MariaDB (READ COMMITTED, so no gap lock blocks the
+application's inserts), the database's write lock on SQLite (taken by the batch's first statement).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, MetaData, delete, func, select
+
+from ringfence.fence.dbretry import make_engine
+from ringfence.fence.schema import db_now
+from ringfence.outbox.schema import OUTBOX_TABLE, outbox_table
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """One committed, unsent row."""
+
+    id: int
+    job_id: str
+    queue: str
+    spec: bytes
+    run_at_ms: int  # 0: now
+    unique_key: str  # '': none
+    unique_until_ms: int
+    min_replicas: int
+
+
+@dataclass(frozen=True)
+class Lag:
+    waiting: int            # rows committed and not yet sent
+    oldest_s: float         # age of the oldest of them (0 when none), by the database's clock
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"waiting": self.waiting, "oldest_s": round(self.oldest_s, 3)}
+
+
+def relay_engine(url: str) -> Engine:
+    """An engine for the relay: READ COMMITTED on MariaDB/MySQL (their REPEATABLE READ locks gaps)."""
+    if url.split("://", 1)[0].split("+")[0] in ("mysql", "mariadb"):
+        return make_engine(url, isolation_level="READ COMMITTED")
+    return make_engine(url)
+
+
+class Batch:
+    def __init__(self, conn: Connection, table: Any, rows: list[Waiting]) -> None:
+        self.conn = conn
+        self.table = table
+        self.rows = rows
+
+    def delete(self) -> None:
+        """Mark the batch sent: its rows go, with the transaction's commit."""
+        ids = [r.id for r in self.rows]
+        if ids:
+            self.conn.execute(delete(self.table).where(self.table.c.id.in_(ids)))
+
+
+class OutboxStore:
+    def __init__(self, engine: Engine, namespace: str, *, table_name: str = OUTBOX_TABLE) -> None:
+        self.engine = engine
+        self.namespace = namespace
+        self.table = outbox_table(MetaData(), table_name)
+        self._sqlite = engine.dialect.name == "sqlite"
+
+    @contextmanager
+    def batch(self, limit: int) -> Iterator[Batch]:
+        """The oldest ``limit`` waiting rows of this namespace, locked; commits when the block ends."""
+        t = self.table
+        with self.engine.begin() as conn:
+            if self._sqlite:  # a write first: takes the database's write lock for the whole batch
+                conn.execute(delete(t).where(t.c.id == -1))
+            query = (select(t.c.id, t.c.job_id, t.c.queue, t.c.spec, t.c.run_at_ms, t.c.unique_key,
+                            t.c.unique_until_ms, t.c.min_replicas)
+                     .where(t.c.namespace == self.namespace).order_by(t.c.id).limit(limit))
+            if not self._sqlite:
+                query = query.with_for_update()
+            rows = [Waiting(r.id, r.job_id, r.queue, r.spec.encode(), r.run_at_ms or 0, r.unique_key or "",
+                            r.unique_until_ms or 0, r.min_replicas or 0) for r in conn.execute(query)]
+            yield Batch(conn, t, rows)
+
+    def lag(self) -> Lag:
+        t = self.table
+        with self.engine.connect() as conn:
+            count, oldest, now = conn.execute(
+                select(func.count(), func.min(t.c.created_at), db_now()).where(t.c.namespace == self.namespace)
+            ).one()
+        return Lag(int(count), _age_s(now, oldest) if oldest is not None else 0.0)
+
+    def exists(self) -> bool:
+        from sqlalchemy import inspect
+
+        return inspect(self.engine).has_table(self.table.name)
+
+
+def _age_s(now: Any, then: Any) -> float:
+    return max(0.0, float((_dt(now) - _dt(then)).total_seconds()))
+
+
+def _dt(value: Any) -> datetime:
+    if isinstance(value, str):  # SQLite returns db_now() as text
+        value = datetime.fromisoformat(value[:26])
+    found: datetime = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    return found
