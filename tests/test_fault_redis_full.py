@@ -22,6 +22,7 @@ from ringfence.doctor.model import Status
 from ringfence.errors import RedisFull
 from ringfence.redis.broker import Broker
 from ringfence.redis.embedded import EmbeddedRedis, free_port
+from ringfence.redis.outbox import relay
 from ringfence.tasks import Task
 from support import wait_until
 
@@ -169,13 +170,13 @@ def test_every_script_declares_keys_of_one_slot() -> None:
         b.replay("q", ["j"]), b.delete_dead("q", ["j"]), b.breaker_allow("d", 1, 1),
         b.breaker_record("d", True, 1, 1, 1, "f"), b.acquire_slot("task", "t", 1, "j", 2),
         b.extend_slots("task", "t", [("j", 2)]), b.spec_heads("q"), b.cancel("q", "j", {"reason": "r"}),
-        b.purge("q", 1), b.latency_sample("q", 1),
+        b.purge("q", 1), b.latency_sample("q", 1), relay(b, "q", [("j", b"{}", 0, "", 0)], 1000),
     ]
     for call in calls:
         assert len({key_slot(k.encode()) for k in call.keys}) == 1, call.name
     registry = [b.keys.servers, b.keys.server_info, b.keys.queues]  # heartbeat_server's keys
     assert len({key_slot(k.encode()) for k in registry}) == 1
-    # one key each: claim_environment (meta), lease (alerts:leader), close_incident (alerts)
+    # one key each: claim_environment (meta), lease (alerts:leader, outbox_lease), close_incident (alerts)
     covered = {c.name for c in calls} | {"claim_environment", "heartbeat_server", "lease", "close_incident"}
     lua = resources.files("ringfence.redis").joinpath("lua")
     assert covered == {p.name.removesuffix(".lua") for p in lua.iterdir() if p.name.endswith(".lua")}
