@@ -11,6 +11,7 @@ from typing import Any, overload
 from ringfence.client import Client
 from ringfence.errors import ConfigError
 from ringfence.models import DeadJob
+from ringfence.oncommit import OnCommit
 from ringfence.redis.broker import Broker
 from ringfence.redis.connection import ConnectionSettings, RedisClients
 from ringfence.settings import (
@@ -100,6 +101,7 @@ class App:
         for name, policy in (retry_profiles or {}).items():
             self.retry_profile(name, policy)
         self.client = Client(self)
+        self.on_commit = OnCommit(self)  # jobs sent after a database commit (oncommit.py)
         self.dead_hooks: list[DeadHook] = []
         self.alert_hooks: list[AlertHook] = []
         self.alert_rules: Any = None  # ringfence.alerts.AlertRules for workers' alert loop; None: the defaults

@@ -31,23 +31,13 @@ class Client:
         """Validate and encode one job. ``payload`` is a dict of fields or the task's payload model.
         ``now_ms``: the time to enqueue at, instead of Redis's clock (the outbox writes without Redis)."""
         args = task.codec.encode(payload)
+        queue = self.check_options(task, opts)
         now = self.app.broker.clock() if now_ms is None else int(now_ms)
-        queue = check_name("queue", opts.queue or task.options.queue)
         at = 0
-        if opts.run_at is not None and opts.delay_s is not None:
-            raise ConfigError("give delay_s or run_at, not both")
         if opts.delay_s is not None:
             at = now + math.ceil(opts.delay_s * 1000)
         elif opts.run_at is not None:
-            if opts.run_at.tzinfo is None:
-                raise ConfigError(f"run_at={opts.run_at.isoformat()} has no timezone; pass an aware datetime")
             at = int(opts.run_at.timestamp() * 1000)
-        if opts.max_attempts is not None and not 1 <= opts.max_attempts <= MAX_ATTEMPTS_LIMIT:
-            raise ConfigError(f"max_attempts={opts.max_attempts} must be between 1 and {MAX_ATTEMPTS_LIMIT}")
-        if opts.timeout_s is not None and not 0 < opts.timeout_s < self.app.worker_settings.max_lease_s:
-            raise ConfigError(
-                f"timeout_s={opts.timeout_s} must be > 0 and below max_lease_s={self.app.worker_settings.max_lease_s}"
-            )
         expiry_s = opts.expiry_s
         spec = JobSpec(
             task=task.name,
@@ -62,12 +52,43 @@ class Client:
         check_name("job id", job_id)
         ukey, until = self._unique(task, args, opts, max(now, at))
         encoded = spec.encode()
+        self._check_size(task, encoded)
+        return queue, job_id, encoded, at, ukey, until
+
+    def check_options(self, task: Task, opts: EnqueueOptions) -> str:
+        """The checks of ``prepare`` that need no clock (and so no Redis); returns the queue."""
+        queue = check_name("queue", opts.queue or task.options.queue)
+        if opts.run_at is not None and opts.delay_s is not None:
+            raise ConfigError("give delay_s or run_at, not both")
+        if opts.run_at is not None and opts.run_at.tzinfo is None:
+            raise ConfigError(f"run_at={opts.run_at.isoformat()} has no timezone; pass an aware datetime")
+        if opts.max_attempts is not None and not 1 <= opts.max_attempts <= MAX_ATTEMPTS_LIMIT:
+            raise ConfigError(f"max_attempts={opts.max_attempts} must be between 1 and {MAX_ATTEMPTS_LIMIT}")
+        if opts.timeout_s is not None and not 0 < opts.timeout_s < self.app.worker_settings.max_lease_s:
+            raise ConfigError(
+                f"timeout_s={opts.timeout_s} must be > 0 and below max_lease_s={self.app.worker_settings.max_lease_s}"
+            )
+        return queue
+
+    def check(self, task: Task, payload: Any, opts: EnqueueOptions) -> dict[str, Any]:
+        """Every check of an enqueue, without Redis: the encoded payload, or the error ``enqueue`` would raise."""
+        args = task.codec.encode(payload)
+        self.check_options(task, opts)
+        if opts.job_id is not None:
+            check_name("job id", opts.job_id)
+        self._unique(task, args, opts, 0)
+        spec = JobSpec(task=task.name, args=args, enqueued_ms=0.0, version=task.version,
+                       max_attempts=opts.max_attempts, timeout_ms=None if opts.timeout_s is None else 0,
+                       expires_ms=None if opts.expiry_s is None else 0)
+        self._check_size(task, spec.encode())
+        return args
+
+    def _check_size(self, task: Task, encoded: bytes) -> None:
         cap = self.app.max_payload_bytes
         if cap is not None and len(encoded) > cap:
             raise PayloadError(f"task {task.name!r}: the job is {len(encoded):,} bytes, above max_payload_bytes="
                                f"{cap:,}; store large data elsewhere and pass its id (or raise "
                                "App(max_payload_bytes=...))")
-        return queue, job_id, encoded, at, ukey, until
 
     @staticmethod
     def _unique(task: Task, args: dict[str, Any], opts: EnqueueOptions, start_ms: int) -> tuple[str, int]:

@@ -104,6 +104,19 @@ class Task:
 
         return await aenqueue_in(self, conn, _payload(model, fields), EnqueueOptions())
 
+    def enqueue_on_commit(self, target: Any = None, model: BaseModel | None = None, /, *, using: str | None = None,
+                          **fields: Any) -> str:
+        """Queue one job once ``target``'s outer transaction commits; nothing on rollback (docs/producer.md).
+        ``target``: a SQLAlchemy Session, Connection, AsyncSession or AsyncConnection, or a Django connection;
+        None: Django's ``transaction.on_commit`` on database ``using`` (default "default"). The payload is
+        checked now (the errors of ``enqueue``); returns the job's id, fixed now::
+
+            with Session(engine) as s, s.begin():
+                s.add(order)
+                send_receipt.enqueue_on_commit(s, order_id=order.id)
+        """
+        return self.app.on_commit.defer(self, target, _payload(model, fields), EnqueueOptions(), using)
+
 
 @dataclass(frozen=True)
 class EnqueueOptions:
@@ -175,6 +188,10 @@ class BoundTask:
         from ringfence.outbox.write import aenqueue_in
 
         return await aenqueue_in(self.task, conn, _payload(model, fields), self.options)
+
+    def enqueue_on_commit(self, target: Any = None, model: BaseModel | None = None, /, *, using: str | None = None,
+                          **fields: Any) -> str:
+        return self.task.app.on_commit.defer(self.task, target, _payload(model, fields), self.options, using)
 
 
 def _payload(model: BaseModel | None, fields: dict[str, Any]) -> Any:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import click
+import orjson
 
 from ringfence import jobs
 from ringfence.app import App
 from ringfence.cli import app_option, main
 from ringfence.cli.ops import _known_queue, print_json, queue
-from ringfence.errors import ConfigError
+from ringfence.errors import ConfigError, DuplicateJob
+from ringfence.oncommit import options_from_record
 
 
 @main.group()
@@ -35,6 +40,34 @@ def cancel(app: App, job_id: str) -> None:
     owns a fence step past capture goes to dead-letter instead (its calling step becomes in_doubt)."""
     queue_name, left = jobs.cancel_job(app, job_id)
     click.echo(f"cancelled {job_id} (was {left} in {queue_name})")
+
+
+@job.command()
+@app_option
+@click.argument("source", type=click.File("r"), default="-")
+def resend(app: App, source: Any) -> None:
+    """Send on-commit jobs that Redis did not take at commit time. SOURCE (default: stdin) holds their log
+    lines ("on-commit job not sent ...") or bare JSON records; each job keeps its id, so a job still queued is
+    reported and not sent twice."""
+    sent = queued = 0
+    for line in source:
+        start = line.find("{")
+        if start < 0:
+            continue
+        try:
+            record = orjson.loads(line[start:])
+            task = app.resolve(str(record["task"]))
+            opts = replace(options_from_record(record), raise_on_duplicate=True)
+            app.client.enqueue(task, record["args"], opts)
+        except DuplicateJob:
+            queued += 1
+            click.echo(f"{record['id']}: queued already, not sent again")
+            continue
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ConfigError(f"not an on-commit job record: {line.strip()[:120]!r} ({exc})") from exc
+        sent += 1
+        click.echo(f"{record['id']}: sent")
+    click.echo(f"{sent} sent, {queued} queued already")
 
 
 @queue.command()
