@@ -8,25 +8,8 @@ import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
 
 from ringfence import InDoubt
-from ringfence.testing import assert_second_run_empty, run_job
+from ringfence.testing import FakeProvider, assert_second_run_empty, run_job
 from support import database_url
-
-
-class Provider:
-    """An in-memory payment provider that honours idempotency keys, like Stripe."""
-
-    def __init__(self) -> None:
-        self.charges: list[tuple[int, int]] = []
-        self.by_key: dict[str, str] = {}
-
-    def charge(self, order_id: int, amount: int, idempotency_key: str | None = None) -> str:
-        if idempotency_key in self.by_key:
-            return self.by_key[idempotency_key]
-        self.charges.append((order_id, amount))
-        ref = f"ch_{len(self.charges)}"
-        if idempotency_key is not None:
-            self.by_key[idempotency_key] = ref
-        return ref
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -44,18 +27,23 @@ def env(make_app, fence_url, namespace):
     ledger = Table(f"ledger_{namespace}", md, Column("id", Integer, primary_key=True),
                    Column("order_id", Integer), Column("charge_id", String(64)))
     md.create_all(engine)
-    yield app, Provider(), engine, ledger
+    yield app, FakeProvider(), engine, ledger
     md.drop_all(engine)
     engine.dispose()
 
 
-def _effects(provider: Provider, engine, ledger):
+def _effects(provider: FakeProvider, engine, ledger):
     def count() -> dict[str, int]:
         with engine.connect() as c:
             rows = c.execute(select(func.count()).select_from(ledger)).scalar_one()
         return {"charges": len(provider.charges), "rows": int(rows)}
 
     return count
+
+
+def orders(provider: FakeProvider) -> list[tuple[int, int]]:
+    """(order, amount) of each charge made, in order."""
+    return [(c.order, c.amount) for c in provider.records()]
 
 
 def _payload(base: int):
@@ -71,7 +59,7 @@ def fenced_task(env, **step_options):
         with ctx.fence(f"{unique}:order:{order_id}", "charge", params={"amount": amount}, **step_options) as step:
             if step.done:
                 return step.result["charge_id"]
-            ref = step.effect(lambda: provider.charge(order_id, amount, idempotency_key=step.key))
+            ref = step.effect(lambda: provider.charge(amount, idempotency_key=step.key, order=order_id))
             with step.complete(engine, result={"charge_id": ref}) as conn:
                 conn.execute(insert(ledger).values(order_id=order_id, charge_id=ref))
             return ref
@@ -84,14 +72,14 @@ def test_fenced_task_passes(env) -> None:
     report = assert_second_run_empty(task, payload=_payload(1000), effects=_effects(*env[1:]))
     assert [s.outcome for s in report.scenarios] == ["one effect"] * 6, str(report)
     assert not report.parked and not report.failed
-    assert env[1].charges == [(1000 + n, 5) for n in range(6)]  # one charge per payload
+    assert orders(env[1]) == [(1000 + n, 5) for n in range(6)]  # one charge per payload
 
 
 def test_one_liner_with_a_plain_count(env) -> None:
     provider = env[1]
     task = fenced_task(env, provider_dedup=True, key_window_s=3600)
     assert_second_run_empty(task, payload=lambda n: {"order_id": 1000 + n, "amount": 5},
-                            effects=lambda: provider.charges)
+                            effects=provider.records)  # a sized collection: one entry per charge
 
 
 def test_without_dedup_an_in_doubt_kill_parks_and_is_reported(env) -> None:
@@ -111,7 +99,7 @@ def test_async_handler_passes(env) -> None:
                              provider_dedup=True, key_window_s=3600) as step:
             if step.done:
                 return
-            ref = await step.effect(lambda: provider.charge(order_id, amount, idempotency_key=step.key))
+            ref = await step.effect(lambda: provider.charge(amount, idempotency_key=step.key, order=order_id))
             async with step.complete(engine) as conn:
                 conn.execute(insert(ledger).values(order_id=order_id, charge_id=ref))
 
@@ -130,7 +118,7 @@ def test_naive_task_fails(env) -> None:
 
     @app.task(name=f"naive_{uuid.uuid4().hex[:8]}")
     def naive(ctx, order_id: int, amount: int) -> None:
-        ref = provider.charge(order_id, amount)
+        ref = provider.charge(amount, order=order_id)
         with engine.begin() as c:
             c.execute(insert(ledger).values(order_id=order_id, charge_id=ref))
 
@@ -147,7 +135,7 @@ def test_naive_task_that_checks_its_own_row_still_fails(env) -> None:
         with engine.connect() as c:
             if c.execute(select(ledger.c.id).where(ledger.c.order_id == order_id)).first():
                 return
-        ref = provider.charge(order_id, amount)
+        ref = provider.charge(amount, order=order_id)
         with engine.begin() as c:
             c.execute(insert(ledger).values(order_id=order_id, charge_id=ref))
 
@@ -164,7 +152,7 @@ def test_effect_outside_step_effect_fails(env) -> None:
         with ctx.fence(f"{unique}:order:{order_id}", "charge", params={"amount": amount}) as step:
             if step.done:
                 return
-            ref = provider.charge(order_id, amount)  # not through step.effect: the fence cannot know
+            ref = provider.charge(amount, order=order_id)  # not through step.effect: the fence cannot know
             with step.complete(engine) as conn:
                 conn.execute(insert(ledger).values(order_id=order_id, charge_id=ref))
 
@@ -178,9 +166,9 @@ def test_run_job_runs_one_job_with_a_real_context(env) -> None:
     provider = env[1]
     task = fenced_task(env)
     ref = run_job(task, order_id=7, amount=5)
-    assert ref == "ch_1" and provider.charges == [(7, 5)]
+    assert ref == "ch_1" and orders(provider) == [(7, 5)]
     assert run_job(task, order_id=7, amount=5) == "ch_1"  # a second job for the same order: empty
-    assert provider.charges == [(7, 5)]
+    assert orders(provider) == [(7, 5)]
 
 
 def test_run_job_propagates_the_handlers_error(env) -> None:

@@ -41,27 +41,27 @@ SELECT order_id, charges, state, mismatch,
 FROM verdict;
 """
 
-PID = "CAST(substr(q.worker, instr(q.worker, ':') + 1) AS INTEGER)"
+PID = "CAST(substr(q.caller, instr(q.caller, ':') + 1) AS INTEGER)"
 
 
 def touched_sql(kind: str, window_s: float) -> str:
     """SQL selecting the orders a fault kind touched."""
     if kind in ("kill", "term", "points"):
         pid_kind = {"kill": "killed", "term": "termed", "points": "self_killed"}[kind]
-        return (f"SELECT DISTINCT q.order_id FROM p.requests q JOIN pids k ON k.pid = {PID} "
+        return (f"SELECT DISTINCT q.order_id FROM p.calls q JOIN pids k ON k.pid = {PID} "
                 f"AND k.kind = '{pid_kind}' AND q.ts BETWEEN k.t_end - {window_s} AND k.t_end")
     if kind in ("doomed", "duplicates"):
         col = "doomed" if kind == "doomed" else "dup"
         return f"SELECT DISTINCT order_id FROM jobs WHERE sent = 1 AND {col} = 1"
     if kind in ("redis-restart", "oom", "db-kill"):
-        return (f"SELECT DISTINCT q.order_id FROM p.requests q JOIN events e ON e.kind = '{kind}' "
+        return (f"SELECT DISTINCT q.order_id FROM p.calls q JOIN events e ON e.kind = '{kind}' "
                 f"AND q.ts BETWEEN e.t0 AND e.t1 + {window_s}")
     if kind == "skew":
-        return "SELECT DISTINCT order_id FROM p.requests WHERE worker LIKE 'skew:%'"
+        return "SELECT DISTINCT order_id FROM p.calls WHERE caller LIKE 'skew:%'"
     if kind == "slow-hook":  # orders whose charge the hook looked up (a lookup that found nothing has no order)
         return ("SELECT DISTINCT c.order_id FROM p.lookups l "
-                "JOIN p.charges c ON c.provider = 'b' AND c.rf_key = l.rf_key")
-    return f"SELECT DISTINCT order_id FROM p.requests WHERE fault = '{kind.removeprefix('provider-')}'"
+                "JOIN p.charges c ON c.provider = 'b' AND c.idem_key = l.idem_key")
+    return f"SELECT DISTINCT order_id FROM p.calls WHERE fault = '{kind.removeprefix('provider-')}'"
 
 
 def injected_sql(kind: str) -> str:
@@ -73,10 +73,10 @@ def injected_sql(kind: str) -> str:
     if kind in ("redis-restart", "oom", "db-kill"):
         return f"SELECT count(*) FROM events WHERE kind = '{kind}'"
     if kind == "skew":
-        return "SELECT count(*) FROM p.requests WHERE worker LIKE 'skew:%'"
+        return "SELECT count(*) FROM p.calls WHERE caller LIKE 'skew:%'"
     if kind == "slow-hook":
         return "SELECT count(*) FROM p.lookups"
-    return f"SELECT count(*) FROM p.requests WHERE fault = '{kind.removeprefix('provider-')}'"
+    return f"SELECT count(*) FROM p.calls WHERE fault = '{kind.removeprefix('provider-')}'"
 
 
 @dataclass

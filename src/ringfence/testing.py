@@ -2,13 +2,15 @@
 
 ::
 
-    from ringfence.testing import assert_second_run_empty, run_job
+    from ringfence.testing import FakeProvider, assert_second_run_empty, run_job
+
+    provider = FakeProvider()   # honours idempotency keys; counts one effect per distinct key
 
     def test_charge_is_fenced():
         report = assert_second_run_empty(
             charge_order,
             payload=lambda n: {"order_id": 1000 + n, "amount": 5},
-            effects=lambda: len(provider.charges),
+            effects=lambda: provider.effects,
         )
         print(report)
 
@@ -38,10 +40,12 @@ import orjson
 from ringfence import faults
 from ringfence.app import App
 from ringfence.errors import InDoubt
+from ringfence.fake_provider import Charge, FakeProvider, LostAnswer, ProviderError, ProviderUnavailable
 from ringfence.tasks import JobContext, Task
 from ringfence.worker.fencing import Fencing
 
-__all__ = ["Attempt", "JobRunner", "Report", "Scenario", "assert_second_run_empty", "run_job"]
+__all__ = ["Attempt", "Charge", "FakeProvider", "JobRunner", "LostAnswer", "ProviderError", "ProviderUnavailable",
+           "Report", "Scenario", "assert_second_run_empty", "run_job"]
 
 EffectCount = int | Sized | Mapping[str, int]
 

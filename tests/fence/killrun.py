@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import sys
 
-from fence_helpers import FileProvider
-
 from ringfence.fence import Fences, FenceStore, Owner
+from ringfence.testing import FakeProvider
 
 
 def main() -> None:
     url, table, provider_db, job_id, token, alive = sys.argv[1:7]
     store = FenceStore(url, table_name=table)
-    provider = FileProvider(provider_db)
+    provider = FakeProvider(provider_db)  # a file: the charge outlives this process
     owner = Owner(job_id, token, lease_s=60, alive=lambda j, t: alive == "1")
     with Fences(store, owner).open("order:kill", "charge", params={"amount": 500},
                                    provider_dedup=True, key_window_s=3600) as step:

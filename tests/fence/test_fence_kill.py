@@ -10,10 +10,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from fence_helpers import Backend, FileProvider
+from fence_helpers import Backend
 
 from ringfence import faults
 from ringfence.fence import FenceState, FenceStore
+from ringfence.testing import FakeProvider
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent.parent / "src"
@@ -40,12 +41,12 @@ def test_sigkill_after_effect_then_rerun_replays_same_key(backend: Backend, tmp_
         assert killed.returncode == -signal.SIGKILL, killed.stderr
         row = store.get("order:kill", "charge")
         assert row is not None and row.state is FenceState.CALLING and row.reference is None
-        assert FileProvider(str(provider_db)).counts() == (1, 1)  # the charge left before the kill
+        provider = FakeProvider(str(provider_db))
+        assert (len(provider.calls), provider.effects) == (1, 1)  # the charge left before the kill
 
         rerun = run(backend, table, provider_db, "tok-2", None)  # new attempt; old owner is dead
         assert rerun.returncode == 0, rerun.stderr
-        calls, charges = FileProvider(str(provider_db)).counts()
-        assert (calls, charges) == (2, 1)  # replayed with the same key: one charge
+        assert (len(provider.calls), provider.effects) == (2, 1)  # replayed with the same key: one charge
         done = store.get("order:kill", "charge")
         assert done is not None and done.state is FenceState.COMPLETED and done.epoch == 2
         assert done.reference == rerun.stdout.strip()

@@ -1,5 +1,8 @@
 """A fake payment provider: a real HTTP server process on loopback with its own SQLite storage.
 
+The ledger is :class:`ringfence.testing.FakeProvider` (the one fake provider of the tests, the chaos bench and
+users' tests) on a file; this module puts it behind HTTP.
+
 ``python -m ringfence.demo.provider --db PATH`` binds 127.0.0.1 on a free port and prints
 ``port=<n>`` on stdout once it listens.
 
@@ -14,76 +17,52 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import sqlite3
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS charges (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    order_id INTEGER NOT NULL,
-    amount INTEGER NOT NULL,
-    idem_key TEXT UNIQUE
-)
-"""
+from ringfence.fake_provider import FakeProvider
 
 
-class Ledger:
-    """The provider's own storage. One lock: the key check and the insert are one decision."""
+class JsonHandler(BaseHTTPRequestHandler):
+    """A JSON-over-HTTP handler on keep-alive connections (the chaos bench's provider extends it)."""
 
-    def __init__(self, path: str) -> None:
-        self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self.db.execute(SCHEMA)
-        self.lock = threading.Lock()
+    protocol_version = "HTTP/1.1"  # keep-alive: clients reuse one connection
 
-    def charge(self, order_id: int, amount: int, key: str | None) -> str:
-        with self.lock:
-            if key is not None:
-                found = self.db.execute("SELECT id FROM charges WHERE idem_key = ?", (key,)).fetchone()
-                if found is not None:
-                    return f"ch_{found[0]}"
-            cur = self.db.execute("INSERT INTO charges (order_id, amount, idem_key) VALUES (?, ?, ?)",
-                                  (order_id, amount, key))
-            return f"ch_{cur.lastrowid}"
+    def body(self) -> dict[str, Any]:
+        return dict(json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}"))
 
-    def stats(self) -> dict[str, int]:
-        with self.lock:
-            charges = self.db.execute("SELECT count(*) FROM charges").fetchone()[0]
-            doubled = self.db.execute(
-                "SELECT count(*) FROM (SELECT order_id FROM charges GROUP BY order_id HAVING count(*) > 1)"
-            ).fetchone()[0]
-        return {"charges": charges, "double_charged_orders": doubled}
-
-
-def make_handler(ledger: Ledger) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive: clients reuse one connection
-
-        def do_POST(self) -> None:
-            if self.path != "/charges":
-                return self._send(404, {"error": "not found"})
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-            ref = ledger.charge(int(body["order_id"]), int(body["amount"]), self.headers.get("Idempotency-Key"))
-            self._send(200, {"id": ref})
-
-        def do_GET(self) -> None:
-            if self.path != "/stats":
-                return self._send(404, {"error": "not found"})
-            self._send(200, ledger.stats())
-
-        def _send(self, status: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
+    def _send(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+        except OSError:
+            self.close_connection = True  # the client gave up (timeout) or was killed
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # quiet: thousands of requests per run
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # quiet: thousands of requests per run
+
+
+def make_handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
+    class Handler(JsonHandler):
+        def do_POST(self) -> None:
+            if self.path != "/charges":
+                return self._send(404, {"error": "not found"})
+            body = self.body()
+            ref = provider.charge(int(body["amount"]), self.headers.get("Idempotency-Key"),
+                                  order=int(body["order_id"]))
+            self._send(200, {"id": ref})
+
+        def do_GET(self) -> None:
+            if self.path != "/stats":
+                return self._send(404, {"error": "not found"})
+            self._send(200, provider.stats())
 
     return Handler
 
@@ -91,10 +70,13 @@ def make_handler(ledger: Ledger) -> type[BaseHTTPRequestHandler]:
 class ProviderClient:
     """A tiny client of the fake provider (one connection per thread, like an SDK's session)."""
 
-    def __init__(self, url: str, timeout_s: float = 10.0) -> None:
+    error: type[Exception] = RuntimeError  # raised on an error status
+
+    def __init__(self, url: str, timeout_s: float = 10.0, headers: dict[str, str] | None = None) -> None:
         parts = urlsplit(url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
         self.timeout_s = timeout_s
+        self.headers = {"Content-Type": "application/json", **(headers or {})}  # sent with every request
         self._local = threading.local()
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None,
@@ -104,7 +86,7 @@ class ProviderClient:
             conn = self._local.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
         data = json.dumps(body).encode() if body is not None else None
         try:
-            conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+            conn.request(method, path, body=data, headers={**self.headers, **(headers or {})})
             resp = conn.getresponse()
             payload = json.loads(resp.read())
         except (OSError, http.client.HTTPException):
@@ -112,7 +94,7 @@ class ProviderClient:
             self._local.conn = None
             raise
         if resp.status != 200:
-            raise RuntimeError(f"provider answered {resp.status}: {payload}")
+            raise self.error(f"provider answered {resp.status}: {payload}")
         return dict(payload)
 
     def charge(self, order_id: int, amount: int, idempotency_key: str | None = None) -> str:
@@ -124,11 +106,9 @@ class ProviderClient:
         return {k: int(v) for k, v in self._request("GET", "/stats").items()}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--db", required=True, help="SQLite file of the provider's own storage")
-    args = parser.parse_args(argv)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(Ledger(args.db)))
+def serve(handler: type[BaseHTTPRequestHandler]) -> None:
+    """Serve on a free loopback port, announced as ``port=<n>`` on stdout, until interrupted."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     print(f"port={server.server_address[1]}", flush=True)
     try:
@@ -138,6 +118,13 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         server.server_close()
         sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--db", required=True, help="SQLite file of the provider's own storage")
+    args = parser.parse_args(argv)
+    serve(make_handler(FakeProvider(args.db)))
 
 
 if __name__ == "__main__":
