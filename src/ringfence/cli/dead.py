@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -117,6 +118,24 @@ def replay(app: App, ids: tuple[str, ...], all_: bool, **flt: str | None) -> Non
 
     With a fence database configured, jobs found only in its failed_jobs table (Redis lost them) are
     enqueued again from there."""
+    done = replay_dead(app, ids, all_, **flt)
+    note = f" ({done.restored} restored from the failed_jobs table)" if done.restored else ""
+    click.echo(f"replayed {len(done.replayed)} job(s){note}")
+    if done.malformed:
+        click.echo(f"not replayed, malformed record(s) (see `ringfence dead show ID`, remove with "
+                   f"`ringfence dead delete ID`): {' '.join(done.malformed[:20])}", err=True)
+
+
+@dataclass(frozen=True)
+class Replayed:
+    replayed: list[str]  # ids enqueued again
+    restored: int  # of them, from the failed_jobs table only (Redis had lost them)
+    malformed: list[str]  # dead records too damaged to replay
+
+
+def replay_dead(app: App, ids: tuple[str, ...] = (), all_: bool = False, **flt: str | None) -> Replayed:
+    """``ringfence dead replay``: the jobs named or matched, from Redis or else from the failed_jobs table, then
+    their rows marked replayed (the Django admin's replay action calls it too). An id in neither is refused."""
     jobs = _select(app, ids, all_, **flt)
     in_redis = [j for j in jobs if j.source == "redis" and not j.malformed]
     malformed = [j.id for j in jobs if j.malformed]
@@ -139,11 +158,7 @@ def replay(app: App, ids: tuple[str, ...], all_: bool, **flt: str | None) -> Non
     if failed is not None:
         for start in range(0, len(done), BATCH):
             failed.mark_replayed(done[start:start + BATCH])
-    note = f" ({restored} restored from the failed_jobs table)" if restored else ""
-    click.echo(f"replayed {len(done)} job(s){note}")
-    if malformed:
-        click.echo(f"not replayed, malformed record(s) (see `ringfence dead show ID`, remove with "
-                   f"`ringfence dead delete ID`): {' '.join(malformed[:20])}", err=True)
+    return Replayed(done, restored, malformed)
 
 
 def _batches(jobs: list[DeadJob]) -> list[tuple[str, list[str]]]:

@@ -102,6 +102,12 @@ def show(app: App, subject: str, step: str) -> None:
 @click.option("--reference", default=None, help="the provider's reference, with --done")
 def resolve(app: App, subject: str, step: str, happened: bool | None, reference: str | None) -> None:
     """Settle an in-doubt step by hand, then replay its job with ``ringfence dead replay``."""
+    row = resolve_step(app, subject, step, happened, reference)
+    click.echo(f"{subject}/{step}: now {row.state} (epoch {row.epoch}); replay the job to finish it")
+
+
+def resolve_step(app: App, subject: str, step: str, happened: bool | None, reference: str | None) -> Any:
+    """``ringfence fence resolve``'s checks and write (the Django admin's resolve action calls it too)."""
     if happened is None:
         raise ConfigError("say --done --reference REF or --not-done")
     if happened and not reference:
@@ -109,10 +115,9 @@ def resolve(app: App, subject: str, step: str, happened: bool | None, reference:
     from ringfence.errors import FenceError
 
     try:
-        row = require_fence_store(app).resolve(subject, step, happened=happened, reference=reference)
+        return require_fence_store(app).resolve(subject, step, happened=happened, reference=reference)
     except FenceError as exc:
         raise ConfigError(str(exc)) from exc
-    click.echo(f"{subject}/{step}: now {row.state} (epoch {row.epoch}); replay the job to finish it")
 
 
 @fence.command()
