@@ -177,6 +177,8 @@ def test_every_script_declares_keys_of_one_slot() -> None:
     registry = [b.keys.servers, b.keys.server_info, b.keys.queues]  # heartbeat_server's keys
     assert len({key_slot(k.encode()) for k in registry}) == 1
     # one key each: claim_environment (meta), lease (alerts:leader, outbox_lease), close_incident (alerts)
-    covered = {c.name for c in calls} | {"claim_environment", "heartbeat_server", "lease", "close_incident"}
+    # store_result: one key per job (Keys.result)
+    covered = {c.name for c in calls} | {"claim_environment", "heartbeat_server", "lease", "close_incident",
+                                         "store_result"}
     lua = resources.files("ringfence.redis").joinpath("lua")
     assert covered == {p.name.removesuffix(".lua") for p in lua.iterdir() if p.name.endswith(".lua")}

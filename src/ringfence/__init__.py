@@ -12,12 +12,15 @@ from ringfence.errors import (
     FencedOut,
     FenceError,
     InDoubt,
+    JobFailed,
     PayloadError,
     PayloadTooNew,
     Permanent,
     RedisFull,
+    ResultTimeout,
     RetryLater,
     RingfenceError,
+    UnknownJob,
 )
 from ringfence.models import DeadJob
 from ringfence.redis.connection import ConnectionSettings, RedisClients
@@ -37,14 +40,17 @@ __all__ = [
     "FencedOut",
     "InDoubt",
     "JobContext",
+    "JobFailed",
     "PayloadError",
     "PayloadTooNew",
     "Permanent",
     "RedisClients",
     "RedisFull",
+    "ResultTimeout",
     "RetryLater",
     "RetryPolicy",
     "RingfenceError",
     "Task",
+    "UnknownJob",
     "WorkerSettings",
 ]

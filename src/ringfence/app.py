@@ -23,7 +23,7 @@ from ringfence.settings import (
     check_name,
     env_default,
 )
-from ringfence.tasks import Registry, RetryDelay, Task, check_seconds, enqueue_options
+from ringfence.tasks import Registry, RetryDelay, Task, check_result_options, check_seconds, enqueue_options
 
 log = logging.getLogger("ringfence")
 
@@ -200,7 +200,7 @@ class App:
     def task(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
         """Register a handler: ``@app.task`` or ``@app.task(name=..., queue=..., max_attempts=..., timeout_s=...,
         expiry_s=..., retry=RetryPolicy(...), retry_delay=fn(attempt, exc), permanent=(ExcType, ...),
-        version=N, payload=PydanticModel, example={...})``."""
+        version=N, payload=PydanticModel, example={...}, store_result=True, result_ttl_s=...)``."""
         if fn is not None:
             return self._register(fn, **options)
         return lambda f: self._register(f, **options)
@@ -224,6 +224,8 @@ class App:
         concurrency: int | None = None,
         unique_for: float | None = None,
         unique_key: Any = None,
+        store_result: bool = False,
+        result_ttl_s: float | None = None,
     ) -> Task:
         if isinstance(retry, str):
             if retry not in self.retry_profiles:
@@ -233,6 +235,7 @@ class App:
             check_name("dependency", dependency)
             self.breakers.setdefault(dependency, BreakerPolicy())
         check_seconds("unique_for", unique_for, minimum=None)
+        check_result_options(store_result, result_ttl_s)
         check_seconds("timeout_s", timeout_s, minimum=None)
         if expiry_s is not _DEFAULT:
             check_seconds("expiry_s", expiry_s, minimum=None)
@@ -251,7 +254,7 @@ class App:
         check(options.problems(self.worker_settings))
         task = Task(self, fn, options, tuple(permanent), retry_delay, version=version, payload=payload,
                     example=example, dependency=dependency, concurrency=concurrency, unique_for=unique_for,
-                    unique_key=unique_key)
+                    unique_key=unique_key, store_result=store_result, result_ttl_s=result_ttl_s)
         self.registry.add(task)
         return task
 
@@ -332,6 +335,18 @@ class App:
 
     async def aenqueue_many(self, task: Task | str, payloads: Iterable[Any], **options: Any) -> list[str]:
         return await self.client.aenqueue_many(self.resolve(task), payloads, enqueue_options(**options))
+
+    def result(self, job_id: str, timeout: float | None = None) -> Any:
+        """The return value of job ``job_id`` of a task with ``store_result=True``, waiting up to ``timeout``
+        seconds (None: no limit). Raises JobFailed (dead-letter), ResultTimeout or UnknownJob (results.py)."""
+        from ringfence import results
+
+        return results.result(self, job_id, timeout)
+
+    async def aresult(self, job_id: str, timeout: float | None = None) -> Any:
+        from ringfence import results
+
+        return await results.aresult(self, job_id, timeout)
 
     def resolve(self, task: Task | str) -> Task:
         """The registered Task named by ``task``; an unknown name (or another app's task) is refused."""

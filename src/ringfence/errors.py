@@ -14,6 +14,10 @@
     │   ├── NotReplicated      a durable write reached fewer replicas than asked within its timeout
     │   └── CannotConnect      Redis cannot be reached or refused the login (or its URL is malformed)
     │       └── BadRedisUrl    (also a ConfigError) an unknown scheme or a malformed cluster/Sentinel URL
+    ├── ResultError            app.result(job_id) has no result to return
+    │   ├── JobFailed          the job went to dead-letter (names the job, the reason and the error)
+    │   ├── ResultTimeout      (also a TimeoutError) no result within the timeout
+    │   └── UnknownJob         (also a LookupError) no job and no stored result with this id
     ├── JobError               raised by handlers to steer retries
     │   ├── Permanent          do not retry: dead-letter at once
     │   └── RetryLater         retry after a delay without burning an attempt
@@ -81,6 +85,32 @@ class NotReplicated(BrokerError):
 
 class CannotConnect(BrokerError):
     """Redis cannot be reached, refused the login, or its URL is malformed (the CLI exits 3)."""
+
+
+class ResultError(RingfenceError):
+    """``app.result(job_id)`` cannot return the job's result."""
+
+    def __init__(self, message: str, job_id: str) -> None:
+        self.job_id = job_id
+        super().__init__(message)
+
+
+class JobFailed(ResultError):
+    """The job went to dead-letter: ``reason`` (max_attempts, permanent, bad_result, ...) and ``error`` say why."""
+
+    def __init__(self, message: str, job_id: str, reason: str, error: str) -> None:
+        self.reason = reason
+        self.error = error
+        super().__init__(message, job_id)
+
+
+class ResultTimeout(ResultError, TimeoutError):
+    """The job has not finished within the timeout; it may still (wait again, or look at ``ringfence job show``)."""
+
+
+class UnknownJob(ResultError, LookupError):
+    """No job and no stored result with this id: a wrong id, a result past its TTL, or a job that left its queue
+    without a result (cancelled, purged, or its task does not store results)."""
 
 
 class JobError(RingfenceError):

@@ -42,9 +42,14 @@ class JobView:
     died_ms: int = 0
     malformed: str = ""
     source: str = "redis"  # or "sql": a dead job only in the failed_jobs table (Redis lost it)
+    result: Any = None     # state "done" (a task with store_result): the handler's return value
+    finished_ms: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        found = dict(self.__dict__)
+        if self.state != "done":
+            del found["result"], found["finished_ms"]
+        return found
 
 
 def find_job(app: App, job_id: str) -> JobView | None:
@@ -67,7 +72,20 @@ def find_job(app: App, job_id: str) -> JobView | None:
             continue  # left the queue meanwhile: look on
         _fill(view, raw)
         return view
-    return _sql_only(app, job_id)
+    return _finished(app, job_id) or _sql_only(app, job_id)
+
+
+def _finished(app: App, job_id: str) -> JobView | None:
+    """A job that left its queue with a stored result (done; or dead and then deleted or replayed away)."""
+    from ringfence import results
+
+    record = results.read(app, job_id)
+    if record is None:
+        return None
+    return JobView(id=job_id, queue=str(record.get("queue", "?")), state=str(record.get("state", "?")),
+                   task=str(record.get("task", "?")), reason=str(record.get("reason", "")),
+                   error=str(record.get("error", "")), result=record.get("result"),
+                   finished_ms=int(record.get("finished_ms", 0)))
 
 
 def _sql_only(app: App, job_id: str) -> JobView | None:

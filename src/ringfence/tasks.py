@@ -39,7 +39,8 @@ class Task:
                  version: int = 1, payload: type[BaseModel] | None = None,
                  example: dict[str, Any] | None = None, dependency: str | None = None,
                  concurrency: int | None = None, unique_for: float | None = None,
-                 unique_key: str | Callable[[dict[str, Any]], str] | None = None) -> None:
+                 unique_key: str | Callable[[dict[str, Any]], str] | None = None, store_result: bool = False,
+                 result_ttl_s: float | None = None) -> None:
         self.app = app
         self.fn = fn
         self.options = options
@@ -52,6 +53,8 @@ class Task:
         self.concurrency = concurrency  # jobs of this task running at once across all workers
         self.unique_for = unique_for
         self.unique_key = unique_key
+        self.store_result = store_result  # keep the handler's return value for app.result() (results.py)
+        self.result_ttl_s = result_ttl_s  # how long it is kept (None: results.DEFAULT_TTL_S)
 
     @property
     def name(self) -> str:
@@ -153,6 +156,14 @@ def check_seconds(name: str, value: Any, *, minimum: float | None) -> None:
     if not number or not math.isfinite(value) or (value < minimum if minimum is not None else value <= 0):
         bound = f">= {minimum:g}" if minimum is not None else "> 0"
         raise ConfigError(f"option {name}={value!r} must be a finite number of seconds {bound} (or None)")
+
+
+def check_result_options(store_result: Any, result_ttl_s: Any) -> None:
+    if type(store_result) is not bool:
+        raise ConfigError(f"store_result={store_result!r} must be True or False")
+    check_seconds("result_ttl_s", result_ttl_s, minimum=None)
+    if result_ttl_s is not None and not store_result:
+        raise ConfigError(f"result_ttl_s={result_ttl_s!r} without store_result=True: nothing would be kept")
 
 
 def enqueue_options(**options: Any) -> EnqueueOptions:

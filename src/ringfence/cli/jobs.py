@@ -25,10 +25,12 @@ def job() -> None:
 @app_option
 @click.argument("job_id")
 def show(app: App, job_id: str) -> None:
-    """The job as JSON: queue, state, payload, attempts, history, error and traceback."""
+    """The job as JSON: queue, state, payload, attempts, history, error and traceback; a finished job of a task
+    with store_result: state "done" and its result (until result_ttl_s)."""
     found = jobs.find_job(app, job_id)
     if found is None:
-        raise ConfigError(f"no job {job_id!r} in namespace {app.namespace} (finished jobs are forgotten)")
+        raise ConfigError(f"no job {job_id!r} in namespace {app.namespace} (finished jobs are forgotten, unless "
+                          "their task stores results: store_result=True)")
     print_json(found.to_dict())
 
 

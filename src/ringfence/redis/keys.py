@@ -62,6 +62,10 @@ class Keys:
         """zset of a global concurrency limit (kind: task or queue): holder -> slot lease end ms."""
         return f"{self.ns}:{{{self.ns}:limit:{kind}:{name}}}:slots"
 
+    def result(self, job_id: str) -> str:
+        """list: a finished job's result record (tasks with store_result), one key (and slot) per job."""
+        return f"{self.ns}:{{{self.ns}:result:{job_id}}}"
+
     def queue(self, name: str) -> QueueKeys:
         keys = self._cache.get(name)
         if keys is None:

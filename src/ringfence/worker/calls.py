@@ -27,10 +27,11 @@ class JobTimeout(Exception):
 
 
 async def call_async(task: Task, ctx: JobContext, args: tuple[Any, ...], kwargs: dict[str, Any],
-                     timeout_s: float) -> None:
+                     timeout_s: float) -> Any:
+    """The handler's return value."""
     try:
         async with asyncio.timeout(timeout_s) as bound:  # no extra Task per job, unlike wait_for
-            await task.fn(ctx, *args, **kwargs)
+            return await task.fn(ctx, *args, **kwargs)
     except TimeoutError:
         if bound.expired():
             raise JobTimeout(timeout_s) from None
@@ -170,7 +171,7 @@ async def _bounded(run: SyncRun, timeout_s: float) -> bool:
 
 async def call_sync(runner: SyncRunner, task: Task, ctx: JobContext, args: tuple[Any, ...],
                     kwargs: dict[str, Any], timeout_s: float, *, on_thread: Callable[[asyncio.Future[Any]], None],
-                    on_overrun: Callable[[], None]) -> None:
+                    on_overrun: Callable[[], None]) -> Any:
     """Run a sync handler on ``runner``'s threads; ``on_thread`` receives the future that is done when its
     thread returns. The timeout counts from the moment the thread starts. Past it: ``ctx.cancelled`` is set,
     ``on_overrun`` is called (the worker must be replaced), and this call still waits for the thread, then
@@ -179,8 +180,7 @@ async def call_sync(runner: SyncRunner, task: Task, ctx: JobContext, args: tuple
     run = runner.submit(task.fn, (ctx, *args), kwargs)
     on_thread(run.future)
     if await _bounded(run, timeout_s):
-        run.future.result()  # the handler's own return or error
-        return
+        return run.future.result()  # the handler's own return or error
     ctx.cancelled.set()
     job_logger(ctx).error(
         "job %s (%s): sync handler exceeded its timeout of %gs; a thread cannot be stopped, so this worker stops "

@@ -42,6 +42,7 @@ class Outcome:
     tb: str = ""
     delay_s: float = 0.0
     counter: str = ""
+    result: bytes | None = None  # ack of a task with store_result: the record to store before the ack
 
 
 def fence_outcome(exc: BaseException) -> str | None:

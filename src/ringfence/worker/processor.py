@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from ringfence import results
 from ringfence.app import App
 from ringfence.errors import BadRecord, PayloadError, PayloadTooNew
 from ringfence.faults import fault_point
@@ -217,7 +218,7 @@ class Processor:
             settling=settling, deadline=r.started + timeout_s,
         )
         try:
-            await self._call(r, task, ctx, args, kwargs, timeout_s)
+            value = await self._call(r, task, ctx, args, kwargs, timeout_s)
         except asyncio.CancelledError:
             if r.lost:
                 return Outcome("lost")
@@ -230,6 +231,11 @@ class Processor:
             return self._failure(task, ctx, TimeoutError(str(exc)), "")
         except BaseException as exc:  # a handler's error of any kind is the job's outcome
             return self._failure(task, ctx, exc, traceback.format_exc())
+        if task.store_result:
+            try:
+                return Outcome("ack", result=results.done_record(task, job.queue, value, self.broker.clock()))
+            except PayloadError as exc:  # the effect happened: dead-letter keeps the job, retrying would repeat it
+                return Outcome("dead", results.BAD_RESULT, f"job {job.id}: {exc}")
         return Outcome("ack")
 
     def _refuse(self, job: Fetched, spec: JobSpec, task: Task) -> Outcome | None:
@@ -266,10 +272,9 @@ class Processor:
         return Outcome("requeue", delay_s=s.defer_s, counter=counter)
 
     async def _call(self, r: Running, task: Task, ctx: JobContext, args: tuple[Any, ...], kwargs: dict[str, Any],
-                    timeout_s: float) -> None:
+                    timeout_s: float) -> Any:
         if task.is_async:
-            await call_async(task, ctx, args, kwargs, timeout_s)
-            return
+            return await call_async(task, ctx, args, kwargs, timeout_s)
         earlier = self.leftover.get(ctx.id)
         if earlier is not None and earlier.thread is not None:
             # This job's previous run (its lease lost) still runs in this process: never two at once.
@@ -280,8 +285,8 @@ class Processor:
             self.threads.add(future)
             future.add_done_callback(self.threads.discard)
 
-        await call_sync(self.pool, task, ctx, args, kwargs, timeout_s, on_thread=on_thread,
-                        on_overrun=self.on_restart_required)
+        return await call_sync(self.pool, task, ctx, args, kwargs, timeout_s, on_thread=on_thread,
+                               on_overrun=self.on_restart_required)
 
     def _failure(self, task: Task, ctx: JobContext, exc: BaseException, tb: str) -> Outcome:
         fence = fence_outcome(exc)
@@ -299,6 +304,8 @@ class Processor:
             self.processed += 1
             if o.reason == "duplicate":
                 self._log(r).info("job %s: %s; acked as a duplicate", job.id, o.error)
+            if o.result is not None:  # stored before the ack: a crash between them reruns the job, never loses it
+                await results.store(self.app, b, job.id, job.spec.task if job.spec else "", o.result)
             self._acks[job.queue].append((job.id, job.token))
             self._ack_ready.set()
             return
@@ -330,6 +337,7 @@ class Processor:
                                  "it now decides (it names the steps in doubt): %s", job.id, o.reason, o.error)
             return
         self._log(r).error("job %s (%s) -> dead-letter [%s]: %s", job.id, task_name, o.reason, o.error)
+        await results.store_failure(self.app, b, job.id, job.queue, task_name, o.reason, o.error)
         fault_point("after_dead_letter")  # a kill here leaves the failed_jobs row owed: the sweep writes it
         await self._dead_hooks(job, o, task_name)
 

@@ -1,0 +1,185 @@
+"""Job results, opt-in per task: ``@app.task(store_result=True, result_ttl_s=3600)``.
+
+The worker stores what the handler returns (plain JSON, or a pydantic model as its JSON) before it acks the job,
+and a record of the failure when the job goes to dead-letter; both expire after ``result_ttl_s``. Tasks without
+``store_result`` cost nothing more: no key, no round trip. ``app.result(job_id, timeout=...)`` and
+``await app.aresult(...)`` wait for the record:
+
+- done: the handler's return value (as JSON gives it back: a model comes back as a dict);
+- dead-letter: :class:`JobFailed` naming the job, the reason and the error;
+- nothing within ``timeout`` (None: no limit): :class:`ResultTimeout`, the job may still finish;
+- no job and no result with this id (wrong id, result expired, cancelled): :class:`UnknownJob`;
+- a job whose task does not store results: ConfigError.
+
+A return value that is not JSON (a datetime, NaN, an object) is not stored: the job goes to dead-letter with
+reason ``bad_result`` and an error naming the field; its payload is kept there for a replay after the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from pydantic import BaseModel
+
+from ringfence import inspect
+from ringfence.errors import ConfigError, JobFailed, PayloadError, ResultTimeout, UnknownJob
+from ringfence.payloads import json_problem, non_finite
+from ringfence.redis import results as stored
+from ringfence.settings import check_name
+
+if TYPE_CHECKING:
+    from ringfence.app import App
+    from ringfence.redis.broker import Broker
+    from ringfence.tasks import Task
+
+log = logging.getLogger("ringfence.results")
+
+DEFAULT_TTL_S = 86400.0
+BAD_RESULT = "bad_result"  # the dead-letter reason of a return value that is not JSON
+
+
+def done_record(task: Task, queue: str, value: Any, now_ms: int) -> bytes:
+    """The record of a finished job; PayloadError names the part of ``value`` that is not JSON."""
+    if isinstance(value, BaseModel):
+        problem = non_finite(value.model_dump(), "result")
+        value = value.model_dump(mode="json")
+    else:
+        problem = json_problem(value, "result")
+    if problem is not None:
+        raise PayloadError(f"task {task.name!r}: the return value is not stored: {problem}; return plain JSON "
+                           "(dict, list, str, int, finite float, bool, None) or a pydantic model")
+    return orjson.dumps({"state": "done", "task": task.name, "queue": queue, "finished_ms": now_ms, "result": value})
+
+
+def dead_record(task_name: str, queue: str, reason: str, error: str, now_ms: int) -> bytes:
+    return orjson.dumps({"state": "dead", "task": task_name, "queue": queue, "finished_ms": now_ms,
+                         "reason": reason, "error": error})
+
+
+def ttl_ms(task: Task | None) -> int:
+    ttl_s = task.result_ttl_s if task is not None and task.result_ttl_s is not None else DEFAULT_TTL_S
+    return max(1, int(ttl_s * 1000))
+
+
+async def store(app: App, broker: Broker, job_id: str, task_name: str, record: bytes) -> None:
+    """Store a finished job's record (the worker, before its ack)."""
+    await broker.arun(stored.store(broker, job_id, record, ttl_ms(app.registry.get(task_name))))
+
+
+async def store_failure(app: App, broker: Broker, job_id: str, queue: str, task_name: str, reason: str,
+                        error: str) -> None:
+    """After a dead-letter, for a task with store_result: wake the waiters with the reason. Best effort: a
+    waiter that finds no record reads the dead-letter entry instead."""
+    task = app.registry.get(task_name)
+    if task is None or not task.store_result:
+        return
+    try:
+        record = dead_record(task_name, queue, reason, error, broker.clock())
+        await broker.arun(stored.store(broker, job_id, record, ttl_ms(task)))
+    except Exception as exc:
+        log.warning("job %s: its failure record was not stored (%s); waiters read the dead-letter entry", job_id, exc)
+
+
+def read(app: App, job_id: str) -> dict[str, Any] | None:
+    """The stored record of ``job_id`` (done or dead), or None."""
+    raw = stored.read(app.broker, job_id)
+    return None if raw is None else _record(raw)
+
+
+def _record(raw: bytes) -> dict[str, Any]:
+    found = orjson.loads(raw)
+    if not isinstance(found, dict):
+        raise ConfigError(f"result record is not a JSON object: {raw[:80]!r}")
+    return found
+
+
+def _outcome(job_id: str, record: dict[str, Any]) -> Any:
+    if record.get("state") == "done":
+        return record.get("result")
+    reason, error = str(record.get("reason", "")), str(record.get("error", ""))
+    raise JobFailed(f"job {job_id} ({record.get('task', '?')}) failed [{reason}]: {error}", job_id, reason, error)
+
+
+# -- waiting ------------------------------------------------------------------------------------------------
+class _Waiter:
+    """What result() and aresult() share: where the job is, and when to give up."""
+
+    def __init__(self, app: App, job_id: str, timeout: float | None) -> None:
+        check_name("job id", job_id)
+        if timeout is not None and not timeout >= 0:
+            raise ConfigError(f"timeout={timeout!r} must be >= 0 seconds (or None: no limit)")
+        self.app, self.job_id = app, job_id
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.timeout = timeout
+        self.queue: str | None = None
+        # A blocking read shorter than the socket timeout, so the client never takes it for a dead socket.
+        self.step_s = max(0.05, min(1.0, app.redis_settings.socket_timeout_s / 2))
+
+    def locate(self) -> None:
+        """Find the job's queue (raises UnknownJob, JobFailed or ConfigError when waiting is pointless)."""
+        from ringfence.jobs import find_job
+
+        view = find_job(self.app, self.job_id)
+        if view is None:
+            raise UnknownJob(f"no job {self.job_id!r} and no stored result in namespace {self.app.namespace} "
+                             "(a wrong id, a result past its result_ttl_s, a job cancelled or purged, or a task "
+                             "without store_result=True)", self.job_id)
+        task = self.app.registry.get(view.task)
+        if task is not None and not task.store_result:
+            raise ConfigError(f"task {view.task!r} does not store results: declare it with store_result=True "
+                              f"(job {self.job_id} is {view.state})")
+        if view.state == "dead":  # died before a record could be written (or the record expired)
+            dead = inspect.find_dead(self.app.broker, self.job_id)
+            reason, error = (dead.reason, dead.error) if dead is not None else (view.reason, view.error)
+            raise JobFailed(f"job {self.job_id} ({view.task}) failed [{reason}]: {error}", self.job_id, reason, error)
+        self.queue = view.queue
+
+    def gone(self) -> bool:
+        return self.queue is None or not stored.present(self.app.broker, self.queue, self.job_id)
+
+    async def agone(self) -> bool:
+        return self.queue is None or not await stored.apresent(self.app.broker, self.queue, self.job_id)
+
+    def slice_s(self) -> float:
+        if self.deadline is None:
+            return self.step_s
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise ResultTimeout(f"job {self.job_id}: no result within {self.timeout:g}s (it may still finish; "
+                                f"`ringfence job show {self.job_id}` says where it is)", self.job_id)
+        return max(0.01, min(self.step_s, left))
+
+
+def result(app: App, job_id: str, timeout: float | None = None) -> Any:
+    """The return value of job ``job_id``, waiting up to ``timeout`` seconds (None: no limit)."""
+    w = _Waiter(app, job_id, timeout)
+    b = app.broker
+    while True:
+        raw = stored.read(b, job_id)
+        if raw is None and w.gone():
+            raw = stored.read(b, job_id)  # the worker stores before it acks: read once more, then look
+            if raw is None:
+                w.locate()
+        if raw is None:
+            raw = stored.wait(b, job_id, w.slice_s())
+        if raw is not None:
+            return _outcome(job_id, _record(raw))
+
+
+async def aresult(app: App, job_id: str, timeout: float | None = None) -> Any:
+    """:func:`result` for asyncio (locating the job, once, reads Redis synchronously: a round trip per queue)."""
+    w = _Waiter(app, job_id, timeout)
+    b = app.broker
+    while True:
+        raw = await stored.aread(b, job_id)
+        if raw is None and await w.agone():
+            raw = await stored.aread(b, job_id)
+            if raw is None:
+                w.locate()
+        if raw is None:
+            raw = await stored.await_(b, job_id, w.slice_s())
+        if raw is not None:
+            return _outcome(job_id, _record(raw))
