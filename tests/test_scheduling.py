@@ -106,7 +106,7 @@ async def test_three_concurrent_schedulers_enqueue_each_tick_once(make_app, rdb)
     app = cron_app(make_app)
     start = 1_800_000_000_000 // 60_000 * 60_000 + 5_000  # 5 s past a minute
     clock = SimClock(start)
-    schedulers = [Scheduler(app, Broker(app.redis_url, app.namespace, clock=clock)) for _ in range(3)]
+    schedulers = [Scheduler(app.periodics, Broker(app.redis_url, app.namespace, clock=clock)) for _ in range(3)]
     while clock.ms < start + 30 * 60_000:  # 30 simulated minutes, checked every 7 s by all three at once
         await asyncio.gather(*(s.tick() for s in schedulers))
         clock.ms += 7_000
@@ -123,7 +123,7 @@ async def test_catch_up_after_downtime(make_app, rdb, mode, expected) -> None:
     app = cron_app(make_app, mode)
     start = 1_800_000_000_000 // 60_000 * 60_000 + 1_000
     clock = SimClock(start)
-    s = Scheduler(app, Broker(app.redis_url, app.namespace, clock=clock), misfire_grace_s=30)
+    s = Scheduler(app.periodics, Broker(app.redis_url, app.namespace, clock=clock), misfire_grace_s=30)
     await s.tick()
     pending = app.broker.keys.queue("default").pending
     before = rdb.llen(pending)

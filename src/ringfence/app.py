@@ -14,6 +14,7 @@ from ringfence.models import DeadJob
 from ringfence.oncommit import OnCommit
 from ringfence.redis.broker import Broker
 from ringfence.redis.connection import ConnectionSettings, RedisClients
+from ringfence.scheduler import Periodic
 from ringfence.settings import (
     BreakerPolicy,
     RetryPolicy,
@@ -97,7 +98,7 @@ class App:
         self.retry_profiles: dict[str, RetryPolicy] = {}
         self.breakers: dict[str, BreakerPolicy] = {}
         self.queue_limits: dict[str, int] = {}
-        self.periodics: list[Any] = []
+        self.periodics: list[Periodic] = []
         for name, policy in (retry_profiles or {}).items():
             self.retry_profile(name, policy)
         self.client = Client(self)
@@ -285,8 +286,6 @@ class App:
         ``catch_up`` after downtime: "none" (skip missed ticks), "last" (run the latest missed tick once) or
         "all" (run every missed tick, at most 1,000). Each tick is enqueued once however many schedulers run.
         """
-        from ringfence.scheduler import Periodic
-
         def register(fn: Callable[..., Any]) -> Task:
             Periodic.validate(name or fn.__qualname__, cron, catch_up)
             task = self._register(fn, name=name, queue=queue, **task_options)

@@ -6,24 +6,38 @@ import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
 from ringfence.errors import ConfigError, DuplicateJob, PayloadError
-from ringfence.models import JobSpec, new_job_id
+from ringfence.models import JobSpec, Prepared, new_job_id
+from ringfence.outbox import write as outbox_write
+from ringfence.redis.broker import Broker
 from ringfence.redis.replicas import arun_replicated, run_replicated
-from ringfence.settings import MAX_ATTEMPTS_LIMIT, check_name
+from ringfence.settings import MAX_ATTEMPTS_LIMIT, WorkerSettings, check_name
 from ringfence.tasks import EnqueueOptions, Task
 
-if TYPE_CHECKING:
-    from ringfence.app import App
 
-Prepared = tuple[str, str, bytes, int, str, int]  # queue, id, spec, run-at ms (0 = now), unique key, hold end ms
+class ProducerConfig(Protocol):
+    """What the producer reads of its App (client.py never imports app.py)."""
+
+    @property
+    def broker(self) -> Broker: ...
+    @property
+    def worker_settings(self) -> WorkerSettings: ...
+    @property
+    def max_payload_bytes(self) -> int | None: ...
+    @property
+    def min_replicas(self) -> int: ...
+    @property
+    def replica_timeout_s(self) -> float: ...
+    @property
+    def namespace(self) -> str: ...
 
 
 class Client:
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: ProducerConfig) -> None:
         self.app = app
         self._known_queues: set[str] = set()
 
@@ -53,7 +67,7 @@ class Client:
         ukey, until = self._unique(task, args, opts, max(now, at))
         encoded = spec.encode()
         self._check_size(task, encoded)
-        return queue, job_id, encoded, at, ukey, until
+        return Prepared(queue, job_id, encoded, at, ukey, until)
 
     def check_options(self, task: Task, opts: EnqueueOptions) -> str:
         """The checks of ``prepare`` that need no clock (and so no Redis); returns the queue."""
@@ -114,18 +128,18 @@ class Client:
         """One script call per queue, with the positions of its jobs in ``prepared``."""
         by_queue: dict[str, list[int]] = defaultdict(list)
         for i, p in enumerate(prepared):
-            by_queue[p[0]].append(i)
+            by_queue[p.queue].append(i)
         return [(idx, self.app.broker.enqueue(q, [prepared[i][1:] for i in idx])) for q, idx in by_queue.items()]
 
     @staticmethod
     def _ids(prepared: list[Prepared], results: list[tuple[list[int], list[bool | str]]],
              opts: EnqueueOptions) -> list[str]:
-        ids = [p[1] for p in prepared]
+        ids = [p.id for p in prepared]
         for idx, outcome in results:
             for i, got in zip(idx, outcome, strict=True):
                 if isinstance(got, str):  # a unique key held by a queued or running job
                     if opts.raise_on_duplicate:
-                        raise DuplicateJob(f"unique key {prepared[i][4]!r} is held by job {got}", got)
+                        raise DuplicateJob(f"unique key {prepared[i].unique_key!r} is held by job {got}", got)
                     ids[i] = got
                 elif not got and opts.raise_on_duplicate:  # the id holds another job (not a retry of ours)
                     raise DuplicateJob(f"job id {ids[i]!r} exists already with another payload or time", ids[i])
@@ -133,26 +147,38 @@ class Client:
 
     def _new_queues(self, prepared: list[Prepared]) -> list[str]:
         """Queues not registered yet by this client (marked known by the caller once registered)."""
-        return sorted({p[0] for p in prepared} - self._known_queues)
+        return sorted({p.queue for p in prepared} - self._known_queues)
 
-    def _replicas(self, opts: EnqueueOptions) -> int:
+    def replicas(self, opts: EnqueueOptions) -> int:
+        """Replicas that must confirm this enqueue (the option, else the App's; ``durable``: at least 1)."""
         wanted = opts.min_replicas if opts.min_replicas is not None else self.app.min_replicas
         return max(wanted, 1) if opts.durable else wanted
 
     def _run(self, call: Any, opts: EnqueueOptions) -> Any:
-        n = self._replicas(opts)
+        n = self.replicas(opts)
         if n:
             return run_replicated(self.app.broker, call, n, int(self.app.replica_timeout_s * 1000))
         return self.app.broker.run(call)
 
     async def _arun(self, call: Any, opts: EnqueueOptions) -> Any:
-        n = self._replicas(opts)
+        n = self.replicas(opts)
         if n:
             return await arun_replicated(self.app.broker, call, n, int(self.app.replica_timeout_s * 1000))
         return await self.app.broker.arun(call)
 
+    @property
+    def namespace(self) -> str:
+        return self.app.namespace
+
     def enqueue(self, task: Task, payload: Any, opts: EnqueueOptions) -> str:
         return self.enqueue_many(task, [payload], opts)[0]
+
+    def enqueue_in(self, task: Task, conn: Any, payload: Any, opts: EnqueueOptions) -> str:
+        """The job as an outbox row in ``conn``'s transaction (outbox/write.py)."""
+        return outbox_write.enqueue_in(task, conn, payload, opts)
+
+    async def aenqueue_in(self, task: Task, conn: Any, payload: Any, opts: EnqueueOptions) -> str:
+        return await outbox_write.aenqueue_in(task, conn, payload, opts)
 
     def enqueue_many(self, task: Task, payloads: Iterable[Any], opts: EnqueueOptions) -> list[str]:
         prepared = [self.prepare(task, p, opts) for p in payloads]

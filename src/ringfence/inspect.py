@@ -1,4 +1,6 @@
-"""Read-only views of a namespace, shared by the CLI, the doctor, metrics and the dashboard."""
+"""The read model: read-only views of a namespace (queue gauges, versions in flight, breakers, servers, dead
+jobs), shared by ``ringfence info``, the doctor, the alert rules, metrics and the dashboard. Each reads through
+the broker's read methods; nothing here writes."""
 
 from __future__ import annotations
 
@@ -12,25 +14,30 @@ from ringfence.models import DeadJob, JobSpec
 from ringfence.redis.broker import Broker
 
 
-def queue_info(broker: Broker, queue: str) -> dict[str, Any]:
+def queue_gauges(broker: Broker, queue: str) -> dict[str, Any]:
+    """Counts, counters, latency and paused of one queue: two round trips, no job scan. The one read of a
+    queue's numbers: ``info``, the doctor, the alert rules, metrics and the dashboard all start here."""
     c = broker.queue_counts(queue)
     latency = 0.0
     if c["oldest_enqueued_ms"] is not None:
         latency = max(0.0, (broker.clock() - c["oldest_enqueued_ms"]) / 1000)
-    stats = c["stats"]
+    return {"queue": queue, "pending": c["pending"], "active": c["active"], "scheduled": c["scheduled"],
+            "retry": c["retry"], "dead": c["dead"], "paused": c["paused"], "latency_s": round(latency, 3),
+            "stats": c["stats"]}
+
+
+def queue_info(broker: Broker, queue: str) -> dict[str, Any]:
+    """``ringfence info``'s row: the gauges, the main counters by name, and the versions in flight."""
+    g = queue_gauges(broker, queue)
+    stats = g.pop("stats")
     return {
-        "queue": queue,
-        "pending": c["pending"],
-        "active": c["active"],
-        "scheduled": c["scheduled"],
-        "retry": c["retry"],
-        "dead": c["dead"],
+        **{k: g[k] for k in ("queue", "pending", "active", "scheduled", "retry", "dead")},
         "processed": stats.get("processed", 0),
         "failed": stats.get("failed", 0),
         "orphaned": stats.get("orphaned", 0),
         "dangling": stats.get("dangling", 0),  # queued ids that had no record: dropped and logged by a worker
-        "latency_s": round(latency, 3),
-        "paused": c["paused"],
+        "latency_s": g["latency_s"],
+        "paused": g["paused"],
         **versions_in_flight(broker, queue),
     }
 

@@ -143,7 +143,7 @@ def _owned_notes(app: App, job_id: str) -> list[str]:
     store = app.fence_store_in_use()
     if store is None:
         return []
-    from ringfence.worker.fencing import step_note
+    from ringfence.fence.model import step_note
 
     notes = []
     for row in store.owned(job_id):

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ringfence.doctor.context import queue_gauges
+from ringfence.inspect import queue_gauges
 from ringfence.redis.broker import Broker
 
 OUTCOMES = ("ack", "retry", "dead", "requeue")

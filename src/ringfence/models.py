@@ -1,11 +1,12 @@
-"""Jobs as data: the stored spec, states and their groups. Pure data, no I/O."""
+"""Jobs as data, and the one home of the job wire format: the stored spec (``JobSpec``, its encoding and
+decoding), a prepared job (``Prepared``), a fetched one (``Fetched``) and a dead one (``DeadJob``). No I/O."""
 
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -151,6 +152,17 @@ def _walk(value: Any, path: str) -> list[tuple[str, Any]]:
         for i, item in enumerate(value):
             found += _walk(item, f"{path}[{i}]")
     return [*found, (path, value)]
+
+
+class Prepared(NamedTuple):
+    """One validated, encoded job, ready for the enqueue script (client.py) or the outbox row (outbox/write.py)."""
+
+    queue: str
+    id: str
+    spec: bytes          # JobSpec.encode()
+    run_at_ms: int       # 0: now
+    unique_key: str      # "": not unique
+    hold_until_ms: int   # the unique key's hold end (0 when not unique)
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -28,7 +28,7 @@ from ringfence.models import new_job_id
 from ringfence.tasks import EnqueueOptions, Task
 
 if TYPE_CHECKING:
-    from ringfence.app import App
+    from ringfence.client import Client
 
 log = logging.getLogger("ringfence.oncommit")
 
@@ -60,10 +60,17 @@ class Deferred:
         return {"id": self.id, "task": self.task.name, "args": self.args, "options": opts}
 
 
+class HasClient(Protocol):
+    """The App, as the on-commit jobs see it: its producer (oncommit.py never imports app.py)."""
+
+    @property
+    def client(self) -> Client: ...
+
+
 class OnCommit:
     """The on-commit jobs of one App: sending, counting and keeping the ones Redis did not take."""
 
-    def __init__(self, app: App, retry_for_s: float = 300.0) -> None:
+    def __init__(self, app: HasClient, retry_for_s: float = 300.0) -> None:
         self.app = app
         self.retry_for_s = retry_for_s
         self.registry = CollectorRegistry()

@@ -6,17 +6,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from croniter import croniter
 
 from ringfence.errors import ConfigError
 from ringfence.models import JobSpec
 from ringfence.redis.broker import Broker
-
-if TYPE_CHECKING:
-    from ringfence.app import App
-    from ringfence.tasks import Task
+from ringfence.tasks import Task
 
 log = logging.getLogger("ringfence.scheduler")
 
@@ -68,17 +65,17 @@ def _dt(ms: int) -> datetime:
 
 
 class Scheduler:
-    """Enqueues due ticks of the app's periodic tasks. ``misfire_grace_s``: how late a tick may still run in
-    catch-up mode "none" (and on the very first run, when no tick was handled yet)."""
+    """Enqueues due ticks of the periodic tasks (``app.periodics``). ``misfire_grace_s``: how late a tick may
+    still run in catch-up mode "none" (and on the very first run, when no tick was handled yet)."""
 
-    def __init__(self, app: App, broker: Broker | None = None, misfire_grace_s: float = 60.0) -> None:
-        self.app = app
-        self.broker = broker or app.broker
+    def __init__(self, periodics: list[Periodic], broker: Broker, misfire_grace_s: float = 60.0) -> None:
+        self.periodics = periodics
+        self.broker = broker
         self.grace_ms = int(misfire_grace_s * 1000)
 
     async def tick(self) -> int:
         enqueued = 0
-        for p in self.app.periodics:
+        for p in self.periodics:
             enqueued += await self.run_one(p)
         return enqueued
 

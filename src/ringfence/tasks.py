@@ -8,18 +8,44 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
 from ringfence.errors import ConfigError, PayloadError
+from ringfence.models import Prepared
 from ringfence.payloads import PayloadCodec, Upcaster
 from ringfence.settings import TaskOptions
 
-if TYPE_CHECKING:
-    from ringfence.app import App
-
 RetryDelay = Callable[[int, BaseException], float]
+
+
+class Enqueuer(Protocol):
+    """The producer a task enqueues through (``client.Client``)."""
+
+    @property
+    def namespace(self) -> str: ...
+    def enqueue(self, task: Task, payload: Any, opts: EnqueueOptions) -> str: ...
+    async def aenqueue(self, task: Task, payload: Any, opts: EnqueueOptions) -> str: ...
+    def enqueue_in(self, task: Task, conn: Any, payload: Any, opts: EnqueueOptions) -> str: ...
+    async def aenqueue_in(self, task: Task, conn: Any, payload: Any, opts: EnqueueOptions) -> str: ...
+    def prepare(self, task: Task, payload: Any, opts: EnqueueOptions, now_ms: float | None = None) -> Prepared: ...
+    def replicas(self, opts: EnqueueOptions) -> int: ...
+
+
+class Deferrer(Protocol):
+    """Jobs sent after a database commit (``oncommit.OnCommit``)."""
+
+    def defer(self, task: Task, target: Any, payload: Any, opts: EnqueueOptions, using: str | None = None) -> str: ...
+
+
+class TaskOwner(Protocol):
+    """What a Task needs of the App that declared it: its producers (so tasks.py never imports app.py)."""
+
+    @property
+    def client(self) -> Enqueuer: ...
+    @property
+    def on_commit(self) -> Deferrer: ...
 
 
 class Task:
@@ -34,7 +60,7 @@ class Task:
         later = send_receipt.with_options(delay_s=60).enqueue(order_id=42)
     """
 
-    def __init__(self, app: App, fn: Callable[..., Any], options: TaskOptions,
+    def __init__(self, app: TaskOwner, fn: Callable[..., Any], options: TaskOptions,
                  permanent: tuple[type[BaseException], ...] = (), retry_delay: RetryDelay | None = None,
                  version: int = 1, payload: type[BaseModel] | None = None,
                  example: dict[str, Any] | None = None, dependency: str | None = None,
@@ -97,15 +123,11 @@ class Task:
     def enqueue_in(self, conn: Any, model: BaseModel | None = None, /, **fields: Any) -> str:
         """Write the job into the outbox table in ``conn``'s transaction (no commit, no Redis); the relay
         sends it once the transaction commits (docs/outbox.md). Returns the job's id."""
-        from ringfence.outbox.write import enqueue_in
-
-        return enqueue_in(self, conn, _payload(model, fields), EnqueueOptions())
+        return self.app.client.enqueue_in(self, conn, _payload(model, fields), EnqueueOptions())
 
     async def aenqueue_in(self, conn: Any, model: BaseModel | None = None, /, **fields: Any) -> str:
         """:meth:`enqueue_in` through an AsyncConnection or AsyncSession."""
-        from ringfence.outbox.write import aenqueue_in
-
-        return await aenqueue_in(self, conn, _payload(model, fields), EnqueueOptions())
+        return await self.app.client.aenqueue_in(self, conn, _payload(model, fields), EnqueueOptions())
 
     def enqueue_on_commit(self, target: Any = None, model: BaseModel | None = None, /, *, using: str | None = None,
                           **fields: Any) -> str:
@@ -191,14 +213,10 @@ class BoundTask:
         return await self.task.app.client.aenqueue(self.task, _payload(model, fields), self.options)
 
     def enqueue_in(self, conn: Any, model: BaseModel | None = None, /, **fields: Any) -> str:
-        from ringfence.outbox.write import enqueue_in
-
-        return enqueue_in(self.task, conn, _payload(model, fields), self.options)
+        return self.task.app.client.enqueue_in(self.task, conn, _payload(model, fields), self.options)
 
     async def aenqueue_in(self, conn: Any, model: BaseModel | None = None, /, **fields: Any) -> str:
-        from ringfence.outbox.write import aenqueue_in
-
-        return await aenqueue_in(self.task, conn, _payload(model, fields), self.options)
+        return await self.task.app.client.aenqueue_in(self.task, conn, _payload(model, fields), self.options)
 
     def enqueue_on_commit(self, target: Any = None, model: BaseModel | None = None, /, *, using: str | None = None,
                           **fields: Any) -> str:

@@ -39,7 +39,7 @@ import orjson
 
 from ringfence import faults
 from ringfence.app import App
-from ringfence.errors import InDoubt
+from ringfence.errors import ConfigError, InDoubt
 from ringfence.fake_provider import Charge, FakeProvider, LostAnswer, ProviderError, ProviderUnavailable
 from ringfence.tasks import JobContext, Task
 from ringfence.worker.fencing import Fencing
@@ -97,6 +97,8 @@ class JobRunner:
 
     def __init__(self, task: Task) -> None:
         self.task = task
+        if not isinstance(task.app, App):
+            raise ConfigError(f"task {task.name!r} was not declared by a ringfence App")
         self.fencing = TestFencing(task.app)
         self._attempts: dict[str, int] = {}
 

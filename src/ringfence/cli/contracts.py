@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ringfence.app import App
-from ringfence.cli import app_option, main
+from ringfence.cli.base import app_option, main
 from ringfence.contracts import DEFAULT_DIR, check, freeze
 from ringfence.errors import ConfigError
 

@@ -12,7 +12,7 @@ import orjson
 
 from ringfence import inspect
 from ringfence.app import App
-from ringfence.cli import app_option, main
+from ringfence.cli.base import app_option, main
 from ringfence.cli.ops import print_json, print_table
 from ringfence.errors import ConfigError
 from ringfence.models import DeadJob

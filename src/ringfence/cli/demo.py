@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ringfence.cli import main
+from ringfence.cli.base import main
 
 ROWS = [
     ("orders", "orders"),

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from ringfence.app import App
-from ringfence.cli import app_option, main
+from ringfence.cli.base import app_option, main
 from ringfence.cli.ops import print_json, print_table
 from ringfence.errors import ConfigError
 

@@ -10,7 +10,7 @@ import orjson
 
 from ringfence import jobs
 from ringfence.app import App
-from ringfence.cli import app_option, main
+from ringfence.cli.base import app_option, main
 from ringfence.cli.ops import _known_queue, print_json, queue
 from ringfence.errors import ConfigError, DuplicateJob
 from ringfence.oncommit import options_from_record

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from ringfence.app import App
-from ringfence.cli import app_option, main
+from ringfence.cli.base import app_option, main
 from ringfence.cli.ops import print_json
 from ringfence.doctor import Finding, Status, Thresholds, diagnose
 from ringfence.reconcile import Effect, read_csv, read_table, reconcile

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ringfence import inspect
 from ringfence.app import App
-from ringfence.cli import app_option, main
+from ringfence.cli.base import app_option, main
 from ringfence.errors import ConfigError
 from ringfence.settings import check_name
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ringfence.app import App
-from ringfence.cli import app_option, main
+from ringfence.cli.base import app_option, main
 from ringfence.cli.fence import require_fence_store
 
 

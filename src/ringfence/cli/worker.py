@@ -7,7 +7,7 @@ import sys
 import click
 
 from ringfence.app import App
-from ringfence.cli import app_option, main
+from ringfence.cli.base import app_option, main
 from ringfence.errors import ConfigError
 
 
@@ -89,7 +89,8 @@ def scheduler(app: App, interval_s: float, interval_old: float | None) -> None:
         raise ConfigError("the app declares no @app.periodic tasks")
 
     async def run() -> None:
-        loop = SchedulerLoop(Scheduler(app), interval_old if interval_old is not None else interval_s)
+        scheduler = Scheduler(app.periodics, app.broker)
+        loop = SchedulerLoop(scheduler, interval_old if interval_old is not None else interval_s)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)

@@ -19,7 +19,7 @@ from ringfence.errors import RingfenceError
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from ringfence.dashboard.routes import Dashboard
+    from ringfence.dashboard.page import Dashboard
 
 BATCH = 500  # dead jobs per request of a bulk action
 

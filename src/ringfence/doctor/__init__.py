@@ -17,8 +17,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ringfence.doctor import fences, queues, workers  # noqa: F401  (checks register on import)
-from ringfence.doctor.context import Context, Snapshot, queue_gauges
-from ringfence.doctor.model import CHECKS, Finding, Report, Status, Thresholds
+from ringfence.doctor.context import Context, Snapshot, Thresholds
+from ringfence.doctor.model import CHECKS, Finding, Report, Status
+from ringfence.inspect import queue_gauges
 
 if TYPE_CHECKING:
     from ringfence.app import App

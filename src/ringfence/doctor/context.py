@@ -1,4 +1,5 @@
-"""What every check reads: two samples of the namespace taken ``sample_s`` apart, the app and its thresholds."""
+"""What every check reads: two samples of the namespace taken ``sample_s`` apart, the app and the thresholds it
+judges by."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ringfence.doctor.model import Thresholds
+from ringfence.inspect import queue_gauges
 from ringfence.redis.broker import Broker
 
 if TYPE_CHECKING:
@@ -15,15 +16,23 @@ if TYPE_CHECKING:
     from ringfence.reconcile import Effect
 
 
-def queue_gauges(broker: Broker, queue: str) -> dict[str, Any]:
-    """Counts, counters, latency and paused of one queue: two round trips, no job scan."""
-    c = broker.queue_counts(queue)
-    latency = 0.0
-    if c["oldest_enqueued_ms"] is not None:
-        latency = max(0.0, (broker.clock() - c["oldest_enqueued_ms"]) / 1000)
-    return {"queue": queue, "pending": c["pending"], "active": c["active"], "scheduled": c["scheduled"],
-            "retry": c["retry"], "dead": c["dead"], "paused": c["paused"], "latency_s": round(latency, 3),
-            "stats": c["stats"]}
+@dataclass(frozen=True)
+class Thresholds:
+    """Where the doctor and the alert rules draw the line. Durations in seconds; counts in jobs."""
+
+    sample_s: float = 2.0             # doctor: time between the two samples of the counters
+    latency_warn_s: float = 60.0      # a queue's oldest pending job is older than this
+    starvation_ratio: float = 4.0     # ... while another served queue's latency is below latency_warn_s / ratio
+    retry_warn: int = 100             # jobs in one queue's retry set
+    retry_growth_warn: int = 20       # retry set growth between two samples
+    future_load_warn: int = 10_000    # backlog x remaining attempts of one dependency
+    wave_window_s: float = 900.0      # look-back for error waves (bad payloads, newer versions)
+    wave_warn: int = 1                # bad_payload dead jobs within the window that make a wave
+    orphan_window_s: float = 3600.0   # look-back for orphaned attempts
+    stuck_grace_s: float = 30.0       # an expired lease live workers have not recovered after this
+    in_doubt_older_than_s: float = 0.0  # in-doubt fences older than this are reported (0: all)
+    memory_warn_ratio: float = 0.8    # Redis used_memory / maxmemory: warning from here
+    memory_fail_ratio: float = 0.95   # ... failure from here (at maxmemory every enqueue is refused)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""What the doctor reports: findings with a status, the thresholds it judges by, and the check registry."""
+"""What the doctor reports: findings with a status, and the check registry."""
 
 from __future__ import annotations
 
@@ -40,25 +40,6 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "status": str(self.status)}
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Where the doctor and the alert rules draw the line. Durations in seconds; counts in jobs."""
-
-    sample_s: float = 2.0             # doctor: time between the two samples of the counters
-    latency_warn_s: float = 60.0      # a queue's oldest pending job is older than this
-    starvation_ratio: float = 4.0     # ... while another served queue's latency is below latency_warn_s / ratio
-    retry_warn: int = 100             # jobs in one queue's retry set
-    retry_growth_warn: int = 20       # retry set growth between two samples
-    future_load_warn: int = 10_000    # backlog x remaining attempts of one dependency
-    wave_window_s: float = 900.0      # look-back for error waves (bad payloads, newer versions)
-    wave_warn: int = 1                # bad_payload dead jobs within the window that make a wave
-    orphan_window_s: float = 3600.0   # look-back for orphaned attempts
-    stuck_grace_s: float = 30.0       # an expired lease live workers have not recovered after this
-    in_doubt_older_than_s: float = 0.0  # in-doubt fences older than this are reported (0: all)
-    memory_warn_ratio: float = 0.8    # Redis used_memory / maxmemory: warning from here
-    memory_fail_ratio: float = 0.95   # ... failure from here (at maxmemory every enqueue is refused)
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,28 @@ import time
 import uuid
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from ..errors import FenceBusy, FenceConflict, FenceError, InDoubt, ReconcileTimeout, RetryLater, SettleOnly
 from ..faults import fault_point
 from .model import FenceBackend, FenceRow, FenceState, Owner, dumps, params_hash, provider_key
 
-if TYPE_CHECKING:
-    from .step import StepOptions
+
+class StepPolicy(Protocol):
+    """What the core reads of a step's options (``step.StepOptions``, which depends on this module)."""
+
+    @property
+    def params(self) -> Any: ...
+    @property
+    def provider_dedup(self) -> bool: ...
+    @property
+    def key_window_s(self) -> float | None: ...
+    @property
+    def reconcile(self) -> Any: ...
+    @property
+    def retention_s(self) -> float | None: ...
+    @property
+    def reconcile_timeout_s(self) -> float | None: ...
 
 # A lost takeover race re-reads the row; more losses than this means a storm of takeovers.
 _MAX_ROUNDS = 8
@@ -39,7 +53,7 @@ class Core:
     """One fenced step of one attempt: the current row, and every transition on it."""
 
     def __init__(self, store: FenceBackend, owner: Owner, subject: str, step: str,
-                 opts: StepOptions) -> None:
+                 opts: StepPolicy) -> None:
         self.store, self.owner, self.subject, self.step, self.opts = store, owner, subject, step, opts
         self.phash = params_hash(opts.params)
         self.key = provider_key(subject, step)

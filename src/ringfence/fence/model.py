@@ -126,3 +126,16 @@ class FenceBackend(Protocol):
                    result: str | None) -> AbstractContextManager[Any]: ...
     def acompletion(self, db: Any, subject: str, step: str, epoch: int,
                     result: str | None) -> AbstractAsyncContextManager[Any]: ...
+
+
+def step_note(row: FenceRow, job_id: str) -> str:
+    """One line for the dead-letter error: which step the dead job leaves behind, and what it means."""
+    where = f"fence {row.subject}/{row.step}"
+    if row.state is FenceState.IN_DOUBT:
+        return (f"{where} is in_doubt: the effect may have happened (owner job {job_id}, provider key "
+                f"{row.provider_key})")
+    if row.state is FenceState.EFFECTED:
+        return (f"{where} was effected (reference {row.reference!r}): the effect happened, its local completion "
+                f"did not; replay job {job_id} to finish it")
+    return (f"{where} was calling: the effect may have happened; now in_doubt (owner job {job_id}, provider key "
+            f"{row.provider_key})")

@@ -45,8 +45,8 @@ def row(task: Task, payload: Any, opts: EnqueueOptions) -> dict[str, Any]:
                           "transaction commits; check for the unique key in your own tables instead")
     client = task.app.client
     queue, job_id, spec, at, ukey, until = client.prepare(task, payload, opts, now_ms=time.time() * 1000)
-    replicas = client._replicas(opts)
-    return {"namespace": task.app.namespace, "job_id": job_id, "queue": queue, "task": task.name,
+    replicas = client.replicas(opts)
+    return {"namespace": client.namespace, "job_id": job_id, "queue": queue, "task": task.name,
             "spec": spec.decode(), "run_at_ms": at or None, "unique_key": ukey or None,
             "unique_until_ms": until if ukey else None, "min_replicas": replicas or None}
 

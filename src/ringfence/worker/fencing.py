@@ -11,8 +11,9 @@ from typing import Any
 
 from ringfence.app import App
 from ringfence.errors import FencedOut
-from ringfence.fence import DbRetry, FenceRow, Fences, FenceState, Owner
+from ringfence.fence import DbRetry, Fences, FenceState, Owner
 from ringfence.fence.dbretry import is_transient
+from ringfence.fence.model import step_note
 from ringfence.models import Fetched
 from ringfence.redis.broker import Broker
 from ringfence.redis.connection import UNAVAILABLE
@@ -121,16 +122,3 @@ class Fencing:
 def transient(exc: BaseException) -> bool:
     """Redis or the database not answering (worth doing the whole dead-letter again later)."""
     return isinstance(exc, UNAVAILABLE) or is_transient(exc)
-
-
-def step_note(row: FenceRow, job_id: str) -> str:
-    """One line for the dead-letter error: which step the dead job leaves behind, and what it means."""
-    where = f"fence {row.subject}/{row.step}"
-    if row.state is FenceState.IN_DOUBT:
-        return (f"{where} is in_doubt: the effect may have happened (owner job {job_id}, provider key "
-                f"{row.provider_key})")
-    if row.state is FenceState.EFFECTED:
-        return (f"{where} was effected (reference {row.reference!r}): the effect happened, its local completion "
-                f"did not; replay job {job_id} to finish it")
-    return (f"{where} was calling: the effect may have happened; now in_doubt (owner job {job_id}, provider key "
-            f"{row.provider_key})")

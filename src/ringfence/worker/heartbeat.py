@@ -9,14 +9,15 @@ import logging
 import os
 import socket
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple, Protocol
 
+from ringfence.redis.broker import Broker
 from ringfence.redis.connection import REFUSED, UNAVAILABLE
+from ringfence.settings import WorkerSettings
 from ringfence.worker.loop import Loop
-
-if TYPE_CHECKING:
-    from ringfence.worker.worker import Worker
 
 log = logging.getLogger("ringfence.worker")
 
@@ -33,36 +34,75 @@ VERSION = _version()
 LATENCY_EVERY_MS = 10_000  # how often a worker samples its queues' latency for the dashboard's charts
 
 
+class Lease(NamedTuple):
+    """A running job's lease, as the heartbeat renews it."""
+
+    queue: str
+    job_id: str
+    token: str
+    started_ms: int  # on the Redis clock: the lease is never renewed past started_ms + max_lease_s
+
+
+class Slot(NamedTuple):
+    """A global concurrency slot held by a running job (worker/gates.py)."""
+
+    kind: str  # "task" or "queue"
+    name: str
+    holder: str  # the job id
+
+
+class LeaseHolder(Protocol):
+    """What the heartbeat renews and whom it tells about a lost lease (the processor)."""
+
+    def leases(self) -> list[Lease]: ...
+    def slots(self) -> list[Slot]: ...
+    def lease_lost(self, job_ids: list[str]) -> None: ...
+
+
+@dataclass(frozen=True)
+class ServerIdentity:
+    """What a worker says about itself in the server registry, besides its live numbers."""
+
+    id: str
+    queues: dict[str, int]
+    strict: bool
+    concurrency: int
+    namespace: str
+    environment: str
+    tasks: list[str]
+    shutdown_timeout_s: float
+
+
 class Heartbeat(Loop):
     name = "heartbeat"
 
-    def __init__(self, worker: Worker) -> None:
-        super().__init__(worker.settings.heartbeat_s)
-        self.worker = worker
-        self.started = worker.broker.clock() / 1000  # Redis clock, like every time other processes compare
+    def __init__(self, broker: Broker, settings: WorkerSettings, me: ServerIdentity, queues: list[str],
+                 holder: LeaseHolder, live: Callable[[], dict[str, Any]]) -> None:
+        super().__init__(settings.heartbeat_s)
+        self.broker, self.settings, self.me, self.queues = broker, settings, me, queues
+        self.holder = holder
+        self.live = live  # the worker's live numbers for its registry entry (running, processed, failed, p95)
+        self.started = broker.clock() / 1000  # Redis clock, like every time other processes compare
         self.registry_failing = False
         self.latency_sampled_ms = 0
 
     def info(self) -> dict[str, Any]:
-        w = self.worker
+        me, b = self.me, self.broker
         return {
-            "id": w.server_id,
+            "id": me.id,
             "host": socket.gethostname(),
             "pid": os.getpid(),
-            "queues": dict(w.queues),
-            "strict": w.strict,
-            "concurrency": w.concurrency,
-            "namespace": w.app.namespace,
-            "environment": w.app.environment,
+            "queues": me.queues,
+            "strict": me.strict,
+            "concurrency": me.concurrency,
+            "namespace": me.namespace,
+            "environment": me.environment,
             "started": self.started,
-            "heartbeat": w.broker.clock() / 1000,
-            "clock_skew_s": round(w.broker.server_clock.skew_ms / 1000, 3),
-            "running": sorted(w.processor.running),
-            "processed": w.processor.processed,
-            "failed": w.processor.failed,
-            "tasks": sorted(w.app.registry.tasks),
-            "shutdown_timeout_s": w.settings.shutdown_timeout_s,
-            "duration_p95_s": w.processor.metrics.duration_p95(),
+            "heartbeat": b.clock() / 1000,
+            "clock_skew_s": round(b.server_clock.skew_ms / 1000, 3),
+            **self.live(),
+            "tasks": me.tasks,
+            "shutdown_timeout_s": me.shutdown_timeout_s,
             "version": VERSION,
         }
 
@@ -71,31 +111,30 @@ class Heartbeat(Loop):
             await self.extend_leases()
         except UNAVAILABLE as exc:
             # Once more at once, on a fresh connection: a hung socket must not cost the leases a whole beat.
-            self.worker.broker.health.lost(exc)
+            self.broker.health.lost(exc)
             await self.extend_leases()
-        await self.worker.broker.aping()  # re-measures the offset to the Redis clock
+        await self.broker.aping()  # re-measures the offset to the Redis clock
         await self.register()
         await self.sample_latency()
 
     async def sample_latency(self) -> None:
-        """Age of each served queue's oldest pending job, kept per minute for the dashboard (a cost per worker
-        and queue every LATENCY_EVERY_MS, none per job). A failure only costs a point of a chart."""
-        w = self.worker
-        now = w.broker.clock()
+        """Age of each served queue's oldest pending job, kept per minute for the dashboard's charts (a cost per
+        worker and queue every LATENCY_EVERY_MS, none per job). A failure only costs a point of a chart."""
+        b = self.broker
+        now = b.clock()
         if now - self.latency_sampled_ms < LATENCY_EVERY_MS:
             return
         self.latency_sampled_ms = now
         try:
-            for queue, _ in w.queues:
-                oldest = await w.broker.oldest_enqueued_ms(queue)
-                await w.broker.arun(w.broker.latency_sample(queue, int(now - oldest) if oldest else 0))
+            for queue in self.queues:
+                oldest = await b.oldest_enqueued_ms(queue)
+                await b.arun(b.latency_sample(queue, int(now - oldest) if oldest else 0))
         except REFUSED as exc:
             log.debug("latency sample skipped: %s", exc)
 
     async def register(self) -> None:
-        w = self.worker
         try:
-            await w.broker.heartbeat_server(w.server_id, self.info(), w.settings.server_ttl_s)
+            await self.broker.heartbeat_server(self.me.id, self.info(), self.settings.server_ttl_s)
         except REFUSED as exc:
             if not self.registry_failing:
                 log.warning("server registry write failed (%s); leases are still renewed; retrying every %gs",
@@ -107,24 +146,20 @@ class Heartbeat(Loop):
             self.registry_failing = False
 
     async def extend_leases(self) -> None:
-        w = self.worker
-        broker, settings = w.broker, w.settings
+        broker, settings = self.broker, self.settings
         now = broker.clock()
         by_queue: dict[str, list[tuple[str, str, int]]] = defaultdict(list)
-        for r in list(w.processor.running.values()):
-            if (r.settled and not r.sweeping) or r.lost:
-                continue
-            job = r.job
+        for lease in self.holder.leases():
             # Never beyond max_lease_s after the start: a hung job loses its lease in the end.
-            cap = job.started_ms + int(settings.max_lease_s * 1000)
-            by_queue[job.queue].append((job.id, job.token, min(now + int(settings.lease_s * 1000), cap)))
+            cap = lease.started_ms + int(settings.max_lease_s * 1000)
+            by_queue[lease.queue].append((lease.job_id, lease.token, min(now + int(settings.lease_s * 1000), cap)))
         for queue, leases in by_queue.items():
             lost = await broker.arun(broker.extend(queue, leases))
             if lost:
-                w.processor.lease_lost(lost)
+                self.holder.lease_lost(lost)
         until = now + int(settings.lease_s * 1000)
         by_limit: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
-        for kind, name, holder in w.processor.gates.slots():
-            by_limit[(kind, name)].append((holder, until))
+        for slot in self.holder.slots():
+            by_limit[(slot.kind, slot.name)].append((slot.holder, until))
         for (kind, name), holders in by_limit.items():
             await broker.arun(broker.extend_slots(kind, name, holders))

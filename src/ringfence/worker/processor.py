@@ -29,6 +29,7 @@ from ringfence.worker.calls import JobTimeout, SyncRunner, call_async, call_sync
 from ringfence.worker.durable import write_row
 from ringfence.worker.fencing import Fencing
 from ringfence.worker.gates import Gates
+from ringfence.worker.heartbeat import Lease, Slot
 from ringfence.worker.outcomes import Outcome, Running, classify, dependency_ok, fence_outcome, weighted_order
 
 log = logging.getLogger("ringfence.worker")
@@ -406,6 +407,14 @@ class Processor:
                             len(lost), queue, " ".join(lost[:10]))
 
     # -- leases and shutdown --------------------------------------------------------------------
+    def leases(self) -> list[Lease]:
+        """The leases the heartbeat renews: running jobs not settled yet, and those on their way to dead-letter."""
+        return [Lease(r.job.queue, r.job.id, r.job.token, r.job.started_ms) for r in list(self.running.values())
+                if not ((r.settled and not r.sweeping) or r.lost)]
+
+    def slots(self) -> list[Slot]:
+        return [Slot(*held) for held in self.gates.slots()]
+
     def lease_lost(self, job_ids: list[str]) -> None:
         for job_id in job_ids:
             r = self.running.get(job_id)

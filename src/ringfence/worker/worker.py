@@ -18,7 +18,7 @@ from ringfence.redis.connect import login_refused, still_loading
 from ringfence.redis.connection import UNAVAILABLE, redact
 from ringfence.settings import WorkerSettings, check_name
 from ringfence.worker.durable import DurableSweep
-from ringfence.worker.heartbeat import Heartbeat
+from ringfence.worker.heartbeat import Heartbeat, ServerIdentity
 from ringfence.worker.maintenance import DeadRetention, Promoter, QueueSet, Recoverer, SchedulerLoop
 from ringfence.worker.processor import Processor
 from ringfence.worker.supervisor import notify_supervisor
@@ -143,6 +143,15 @@ class Worker:
         log.info("metrics on %s:%d/metrics", self.metrics_host, self.metrics_port)
         return self.metrics.serve(self.metrics_port, self.metrics_host)
 
+    def identity(self) -> ServerIdentity:
+        return ServerIdentity(self.server_id, dict(self.queues), self.strict, self.concurrency, self.app.namespace,
+                              self.app.environment, sorted(self.app.registry.tasks), self.settings.shutdown_timeout_s)
+
+    def _live(self) -> dict[str, Any]:
+        p = self.processor
+        return {"running": sorted(p.running), "processed": p.processed, "failed": p.failed,
+                "duration_p95_s": p.metrics.duration_p95()}
+
     async def run(self) -> int:
         await self._connect()
         await asyncio.to_thread(self.app.prepare_fence_tables)  # not raced by the first jobs
@@ -157,7 +166,7 @@ class Worker:
             loop.add_signal_handler(sig, self.request_stop)
         queue_set = QueueSet(self.broker, names)
         s = self.settings
-        heartbeat = Heartbeat(self)
+        heartbeat = Heartbeat(self.broker, s, self.identity(), names, self.processor, self._live)
         loops = [heartbeat, Recoverer(self.broker, queue_set, s.recover_interval_s),
                  Promoter(self.broker, queue_set, s.promote_interval_s)]
         if self.app.failed_jobs is not None:  # rows a killed worker still owed (worker/durable.py)
@@ -169,7 +178,7 @@ class Worker:
         if self.scheduler:
             from ringfence.scheduler import Scheduler
 
-            loops.append(SchedulerLoop(Scheduler(self.app, self.broker)))
+            loops.append(SchedulerLoop(Scheduler(self.app.periodics, self.broker)))
         if self.alerts:
             from ringfence.alerts import AlertLoop
 

@@ -1,0 +1,68 @@
+"""The ``ringfence`` command group and what every command shares: ``--app`` and one-line errors.
+Commands live in the sibling modules and register on ``main`` when ``ringfence.cli`` imports them."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from ringfence.app import App, load_app
+from ringfence.errors import CannotConnect, RingfenceError
+from ringfence.redis.connect import cannot_connect
+
+
+def app_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--app module:attr`` (or RINGFENCE_APP); without it, an App from the environment (read-only commands)."""
+
+    @click.option("--app", "app_path", envvar="RINGFENCE_APP", help="module:attr of your App (env RINGFENCE_APP)")
+    @functools.wraps(fn)
+    def wrapper(app_path: str | None, **kwargs: Any) -> Any:
+        app = load_app(app_path) if app_path else App()
+        click.get_current_context().meta["ringfence.app"] = app  # names the Redis URL in connection errors
+        return fn(app, **kwargs)
+
+    return wrapper
+
+
+class Group(click.Group):
+    """Prints ringfence errors as one clear line instead of a traceback: exit 2 for a refused input or
+    configuration, exit 3 when Redis cannot be reached or refuses the login. ``--debug`` adds the traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except RingfenceError as exc:
+            app = ctx.meta.get("ringfence.app")
+            lost = isinstance(exc, CannotConnect) or cannot_connect(exc, getattr(app, "_redis_url", None))
+            self._fail(ctx, f"error: {exc}", 3 if lost else 2)
+        except Exception as exc:
+            app = ctx.meta.get("ringfence.app")
+            line = cannot_connect(exc, getattr(app, "_redis_url", None))
+            if line is None:
+                raise
+            self._fail(ctx, f"error: {line}", 3)
+
+    @staticmethod
+    def _fail(ctx: click.Context, line: str, code: int) -> None:
+        if ctx.params.get("debug"):
+            traceback.print_exc()
+        click.echo(line, err=True)
+        sys.exit(code)
+
+
+@click.group(cls=Group)
+@click.version_option(package_name="ringfence", prog_name="ringfence")
+@click.option("--log-level", default="INFO", envvar="RINGFENCE_LOG_LEVEL", show_default=True,
+              help="DEBUG, INFO, WARNING or ERROR (env RINGFENCE_LOG_LEVEL)")
+@click.option("--log-json/--log-text", default=None, help="one JSON object per log line (env RINGFENCE_LOG_JSON)")
+@click.option("--debug", is_flag=True, envvar="RINGFENCE_DEBUG", help="print the traceback of an error too")
+def main(log_level: str, log_json: bool | None, debug: bool) -> None:
+    """ringfence: a Redis job queue where the second run is empty."""
+    from ringfence.logs import cli_configure
+
+    cli_configure(log_level, log_json)
