@@ -95,10 +95,11 @@ def test_migrations_create_the_tables_with_ringfences_ddl() -> None:
     from sqlalchemy import inspect as sa_inspect
 
     from ringfence.fence.schema import failed_jobs_table, fence_table
+    from ringfence.outbox import outbox_table
 
     md = MetaData()
     insp = sa_inspect(app.fence_store.engine)
-    for table in (fence_table(md), failed_jobs_table(md)):
+    for table in (fence_table(md), failed_jobs_table(md), outbox_table(md)):
         dialect = app.fence_store.engine.dialect
         columns = {c["name"]: (c["type"].compile(dialect), c["nullable"]) for c in insp.get_columns(table.name)}
         want = {c.name: (c.type.compile(dialect), c.nullable) for c in table.columns}
@@ -131,7 +132,7 @@ def test_migrate_zero_drops_and_an_existing_table_is_kept() -> None:
                 f"updated_at) VALUES ('{subject}', 's', 'completed', 1, 'h', 'k', now(), now())")
     finally:
         call_command("migrate", "ringfence", verbosity=0)
-    assert tables() == {"ringfence_fences", "ringfence_failed_jobs"}
+    assert tables() == {"ringfence_fences", "ringfence_failed_jobs", "ringfence_outbox"}
     assert app.fence_store.get(subject, "s") is not None  # left as it was
 
 
@@ -176,6 +177,49 @@ def test_a_rolled_back_atomic_rolls_the_fence_completion_back(monkeypatch: pytes
     assert runner.attempt({"order_id": oid}, job_id="j1").error is None
     row = jobs.app.fence_store.get(f"order:{oid}", "charge")
     assert (row.state, charge_id(oid), jobs.psp.count()) == ("completed", row.reference, charges)
+
+
+# -- the producer side: the outbox and enqueue_on_commit in Django's transactions ---------------------
+
+
+class Rollback(Exception):
+    pass
+
+
+def test_enqueue_in_writes_the_job_in_the_atomic_and_the_relay_sends_it() -> None:
+    from django.core.management import call_command
+    from django.db import connection, transaction
+    from shop.jobs import app, charge_order
+
+    from ringfence.contrib.django.models import OutboxRow
+
+    oid = new_order()
+    with transaction.atomic():
+        sent = charge_order.enqueue_in(connection, order_id=oid)
+    with pytest.raises(Rollback), transaction.atomic():
+        lost = charge_order.enqueue_in(connection, order_id=oid)
+        raise Rollback
+    assert list(OutboxRow.objects.filter(job_id__in=[sent, lost]).values_list("job_id", flat=True)) == [sent]
+    out = io.StringIO()
+    call_command("ringfence", "relay", "--once", stdout=out)
+    assert "relayed 1 row(s)" in out.getvalue()
+    assert app.broker.job_spec("default", sent) is not None and app.broker.job_spec("default", lost) is None
+    assert not OutboxRow.objects.filter(job_id=sent).exists()
+
+
+def test_enqueue_on_commit_sends_after_djangos_commit_only() -> None:
+    from django.db import transaction
+    from shop.jobs import app, charge_order
+
+    oid = new_order()
+    with transaction.atomic():
+        sent = charge_order.enqueue_on_commit(order_id=oid)
+        assert app.broker.job_spec("default", sent) is None  # not before the commit
+    assert app.broker.job_spec("default", sent) is not None
+    with pytest.raises(Rollback), transaction.atomic():
+        lost = charge_order.enqueue_on_commit(order_id=oid)
+        raise Rollback
+    assert app.broker.job_spec("default", lost) is None
 
 
 # -- the admin ---------------------------------------------------------------------------------------
@@ -260,11 +304,11 @@ def test_admin_resolve_refusals(admin_client: Any) -> None:
     assert shown(page)[0].startswith(f"Step order:{oid}/charge_strict not resolved: ")
 
 
-def kill_job(app: Any, job_id: str, *, in_redis: bool) -> None:
+def kill_job(app: Any, job_id: str, *, in_redis: bool, queue: str = "graveyard") -> None:
     """A dead job as the worker leaves it: the Redis dead-letter (unless Redis lost it) and its failed_jobs row."""
     from ringfence.models import DeadJob
 
-    b, queue = app.broker, "default"
+    b = app.broker
     spec = {"t": "shop.jobs.charge_order", "v": 1, "e": 1.0, "a": {"order_id": 1}}
     if in_redis:
         b.run(b.enqueue(queue, [(job_id, orjson.dumps(spec), 0)]))
@@ -292,7 +336,7 @@ def test_admin_replays_dead_jobs_from_redis_and_from_the_table(admin_client: Any
     page = admin_client.post("/admin/ringfence/failedjob/", {"action": "replay", "_selected_action": pks,
                                                              "index": 0}, follow=True)
     assert shown(page) == ["Replayed 2 job(s) (1 restored from the failed_jobs table)"]
-    assert app.broker.job_spec("default", kept) is not None and app.broker.job_spec("default", lost) is not None
+    assert app.broker.job_spec("graveyard", kept) is not None and app.broker.job_spec("graveyard", lost) is not None
     assert not FailedJob.objects.filter(job_id__in=[kept, lost], replayed_at__isnull=True).exists()
     again = admin_client.post("/admin/ringfence/failedjob/", {"action": "replay", "_selected_action": pks,
                                                               "index": 0}, follow=True)

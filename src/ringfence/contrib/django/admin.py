@@ -2,6 +2,7 @@
 
 - Fences → *resolve*: an in-doubt step "happened" (with the provider's reference) or "did not happen";
   the same checks and write as ``ringfence fence resolve`` (needs the ``ringfence.resolve_fence`` permission).
+- Outbox rows (``task.enqueue_in``) waiting for the relay: a read-only list.
 - Dead jobs → *replay*: the same as ``ringfence dead replay ID...`` (needs ``ringfence.replay_failedjob``):
   from Redis, or from the failed_jobs table when Redis lost the job; the row is marked replayed.
 """
@@ -17,7 +18,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from ringfence.contrib.django import get_app
-from ringfence.contrib.django.models import FailedJob, Fence
+from ringfence.contrib.django.models import FailedJob, Fence, OutboxRow
 from ringfence.errors import RingfenceError
 
 
@@ -135,3 +136,10 @@ class FailedJobAdmin(ReadOnly):
         if done.malformed:
             self.message_user(request, f"Not replayed, malformed record(s): {' '.join(done.malformed[:20])}",
                               messages.ERROR)
+
+
+@admin.register(OutboxRow)
+class OutboxAdmin(ReadOnly):
+    list_display = ("job_id", "task", "queue", "namespace", "created_at")
+    list_filter = ("queue", "task", "namespace")
+    search_fields = ("job_id", "task")

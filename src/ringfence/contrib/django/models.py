@@ -76,3 +76,29 @@ class FailedJob(models.Model):
 
     def __str__(self) -> str:
         return str(self.job_id)
+
+
+class OutboxRow(models.Model):
+    """A job written by ``task.enqueue_in(connection, ...)``, waiting for the relay (``ringfence relay``), which
+    deletes it once it is in Redis: every row here is waiting."""
+
+    id = models.BigAutoField(primary_key=True)
+    namespace = models.CharField(max_length=255)
+    job_id = models.CharField(max_length=255)
+    queue = models.CharField(max_length=255)
+    task = models.CharField(max_length=255)
+    spec = models.TextField()
+    run_at_ms = models.BigIntegerField(null=True)
+    unique_key = models.CharField(max_length=255, null=True)
+    unique_until_ms = models.BigIntegerField(null=True)
+    min_replicas = models.IntegerField(null=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = "ringfence_outbox"
+        ordering = ("id",)
+        verbose_name = "outbox row"
+
+    def __str__(self) -> str:
+        return str(self.job_id)
