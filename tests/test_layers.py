@@ -27,12 +27,14 @@ LAYERS: list[tuple[str, ...]] = [
     ("ringfence.redis", "ringfence.fence", "ringfence.tasks"),
     ("ringfence.client", "ringfence.scheduler", "ringfence.inspect", "ringfence.runtime", "ringfence.worker.loop",
      "ringfence.outbox", "ringfence.oncommit"),
+    ("ringfence.jobs",),
+    ("ringfence.results",),
     ("ringfence.app",),
-    ("ringfence.doctor", "ringfence.reconcile", "ringfence.metrics", "ringfence.alerts", "ringfence.contracts",
-     "ringfence.jobs"),
+    ("ringfence.doctor", "ringfence.reconcile", "ringfence.metrics", "ringfence.alerts", "ringfence.contracts"),
     ("ringfence.worker", "ringfence.outbox.relay"),
     ("ringfence.dashboard", "ringfence.testing", "ringfence.demo"),
     ("ringfence.cli",),
+    ("ringfence.contrib",),  # framework integrations (Django): user-side glue over the CLI and the App
     ("ringfence",),
 ]
 

@@ -31,8 +31,8 @@ from ringfence.redis import results as stored
 from ringfence.settings import check_name
 
 if TYPE_CHECKING:
-    from ringfence.app import App
     from ringfence.redis.broker import Broker
+    from ringfence.runtime import Runtime
     from ringfence.tasks import Task
 
 log = logging.getLogger("ringfence.results")
@@ -64,12 +64,12 @@ def ttl_ms(task: Task | None) -> int:
     return max(1, int(ttl_s * 1000))
 
 
-async def store(app: App, broker: Broker, job_id: str, task_name: str, record: bytes) -> None:
+async def store(app: Runtime, broker: Broker, job_id: str, task_name: str, record: bytes) -> None:
     """Store a finished job's record (the worker, before its ack)."""
     await broker.arun(stored.store(broker, job_id, record, ttl_ms(app.registry.get(task_name))))
 
 
-async def store_failure(app: App, broker: Broker, job_id: str, queue: str, task_name: str, reason: str,
+async def store_failure(app: Runtime, broker: Broker, job_id: str, queue: str, task_name: str, reason: str,
                         error: str) -> None:
     """After a dead-letter, for a task with store_result: wake the waiters with the reason. Best effort: a
     waiter that finds no record reads the dead-letter entry instead."""
@@ -83,7 +83,7 @@ async def store_failure(app: App, broker: Broker, job_id: str, queue: str, task_
         log.warning("job %s: its failure record was not stored (%s); waiters read the dead-letter entry", job_id, exc)
 
 
-def read(app: App, job_id: str) -> dict[str, Any] | None:
+def read(app: Runtime, job_id: str) -> dict[str, Any] | None:
     """The stored record of ``job_id`` (done or dead), or None."""
     raw = stored.read(app.broker, job_id)
     return None if raw is None else _record(raw)
@@ -107,7 +107,7 @@ def _outcome(job_id: str, record: dict[str, Any]) -> Any:
 class _Waiter:
     """What result() and aresult() share: where the job is, and when to give up."""
 
-    def __init__(self, app: App, job_id: str, timeout: float | None) -> None:
+    def __init__(self, app: Runtime, job_id: str, timeout: float | None) -> None:
         check_name("job id", job_id)
         if timeout is not None and not timeout >= 0:
             raise ConfigError(f"timeout={timeout!r} must be >= 0 seconds (or None: no limit)")
@@ -153,7 +153,7 @@ class _Waiter:
         return max(0.01, min(self.step_s, left))
 
 
-def result(app: App, job_id: str, timeout: float | None = None) -> Any:
+def result(app: Runtime, job_id: str, timeout: float | None = None) -> Any:
     """The return value of job ``job_id``, waiting up to ``timeout`` seconds (None: no limit)."""
     w = _Waiter(app, job_id, timeout)
     b = app.broker
@@ -169,7 +169,7 @@ def result(app: App, job_id: str, timeout: float | None = None) -> Any:
             return _outcome(job_id, _record(raw))
 
 
-async def aresult(app: App, job_id: str, timeout: float | None = None) -> Any:
+async def aresult(app: Runtime, job_id: str, timeout: float | None = None) -> Any:
     """:func:`result` for asyncio (locating the job, once, reads Redis synchronously: a round trip per queue)."""
     w = _Waiter(app, job_id, timeout)
     b = app.broker
