@@ -388,3 +388,34 @@ def test_a_master_turned_replica_is_waited_out_not_a_crash(tmp_path: Path, redis
         servers.stop()
     assert w.returncode == 0, out
     assert "ReadOnlyError" in out and "Traceback" not in out
+
+
+async def test_results_on_a_cluster(cluster: Cluster) -> None:
+    """store_result on a Redis Cluster: the worker stores the record (one key per job, its own slot) and a
+    waiter blocked on it before the job ran wakes with the value; a failure wakes it with JobFailed."""
+    from ringfence import JobFailed, RetryPolicy
+    from support import FAST
+    from test_worker import run_until
+
+    app = App(cluster.url, f"t{uuid.uuid4().hex[:8]}", environment="test", worker=FAST)
+
+    @app.task(name="double", store_result=True)
+    async def double(ctx: Any, n: int) -> int:
+        return 2 * n
+
+    @app.task(name="fails", store_result=True, retry=RetryPolicy(max_attempts=1))
+    def fails(ctx: Any) -> None:
+        raise ValueError("no")
+
+    try:
+        job, bad = double.enqueue(n=21), fails.enqueue()
+        waiting = asyncio.create_task(app.aresult(job, timeout=30))
+        failing = asyncio.create_task(app.aresult(bad, timeout=30))
+        await asyncio.sleep(0.2)
+        await run_until(app, lambda: waiting.done() and failing.done(), timeout=30)
+        assert waiting.result() == 42 and app.result(job, timeout=0) == 42
+        with pytest.raises(JobFailed, match="max_attempts"):
+            failing.result()
+    finally:
+        await app.broker.aclose()
+        app.close()
