@@ -3,7 +3,8 @@
 A fault point is a named place in the fence protocol where a crash matters
 (``after_capture``, ``after_calling``, ``after_effect``, ``after_record``,
 ``before_commit``), or in the worker (``after_dead_letter``: between the Redis dead-letter and the
-failed_jobs row). Two ways to fire one:
+failed_jobs row), or in the outbox relay (``relay_after_read``, ``relay_after_send``,
+``relay_after_mark``). Two ways to fire one:
 
 - the environment: ``RINGFENCE_FAULTS="after_effect"`` SIGKILLs the process the
   first time it reaches that point; ``"after_effect:0.3,before_commit"`` kills at
@@ -39,6 +40,8 @@ ENV = "RINGFENCE_FAULTS"
 POINTS = ("after_capture", "after_calling", "after_effect", "after_record", "before_commit")
 #: The worker's own fault points.
 WORKER_POINTS = ("after_dead_letter",)
+#: The outbox relay's (outbox/relay.py), in step order.
+RELAY_POINTS = ("relay_after_read", "relay_after_send", "relay_after_mark")
 
 _hooks: list[Callable[[str], None]] = []
 _lock = threading.Lock()

@@ -91,6 +91,9 @@ class WorkerSettings:
     grace_s: float = 3600.0
     # Dead-letter retention: None keeps every dead job until you delete or prune it (the default).
     dead_retention_s: float | None = None
+    # The outbox relay inside workers (docs/outbox.md): None is off; else seconds between looks at the outbox.
+    # Every worker may run it; a lease in Redis lets one relay at a time.
+    relay_outbox_s: float | None = None
 
     def problems(self) -> list[str]:
         out = []
@@ -109,6 +112,8 @@ class WorkerSettings:
             out.append(f"defer_s={self.defer_s} must be > 0 and grace_s={self.grace_s} >= defer_s")
         if self.dead_retention_s is not None and self.dead_retention_s <= 0:
             out.append(f"dead_retention_s={self.dead_retention_s} must be > 0, or None to keep dead jobs")
+        if self.relay_outbox_s is not None and not self.relay_outbox_s > 0:
+            out.append(f"relay_outbox_s={self.relay_outbox_s} must be > 0 seconds, or None to relay elsewhere")
         if self.server_ttl_s <= self.heartbeat_s:
             out.append(f"server_ttl_s={self.server_ttl_s} must exceed heartbeat_s={self.heartbeat_s}")
         return out

@@ -41,9 +41,11 @@ def ddl(dialect: str) -> None:
                                             "holds the lease)")
 @click.option("--batch", default=100, show_default=True, type=click.IntRange(min=1),
               help="rows per transaction (each batch is one SELECT ... FOR UPDATE, one Redis call per queue)")
-@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
-              help="seconds between looks at the outbox when it is empty")
-@click.option("--lease", "lease_s", default=10.0, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
+@click.option("--interval", "--interval-s", "interval", default=1.0, show_default=True,
+              type=click.FloatRange(min=0.0, min_open=True),
+              help="seconds between looks at the outbox when it is empty (or when another relay leads)")
+@click.option("--lease", "--lease-s", "lease_s", default=10.0, show_default=True,
+              type=click.FloatRange(min=0.0, min_open=True),
               help="seconds the relay lease lasts unless renewed (one relay at a time per namespace)")
 def relay(app: App, once: bool, batch: int, interval: float, lease_s: float) -> None:
     """Move committed rows of the outbox table (task.enqueue_in) to Redis, each once, in order per queue."""

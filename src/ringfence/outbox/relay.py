@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ringfence.errors import ConfigError
-from ringfence.faults import fault_point
+from ringfence.faults import RELAY_POINTS, fault_point
 from ringfence.outbox.store import Lag, OutboxStore, Waiting, relay_engine
 from ringfence.redis import outbox as redis_outbox
 from ringfence.redis.replicas import run_replicated
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ringfence.outbox")
 
 #: The relay's fault points, in step order (RINGFENCE_FAULTS=relay_after_send SIGKILLs the relay there).
-POINTS = ("relay_after_read", "relay_after_send", "relay_after_mark")
+POINTS = RELAY_POINTS
 
 
 @dataclass

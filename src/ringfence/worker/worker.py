@@ -179,6 +179,10 @@ class Worker:
             from ringfence.scheduler import Scheduler
 
             loops.append(SchedulerLoop(Scheduler(self.app.periodics, self.broker)))
+        if s.relay_outbox_s is not None:
+            from ringfence.outbox.loop import RelayLoop
+
+            loops.append(RelayLoop(self.app, s.relay_outbox_s, owner=self.server_id))
         if self.alerts:
             from ringfence.alerts import AlertLoop
 
