@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ringfence.results",),
     ("ringfence.app",),
     ("ringfence.doctor", "ringfence.reconcile", "ringfence.metrics", "ringfence.alerts", "ringfence.contracts"),
-    ("ringfence.worker", "ringfence.outbox.relay"),
+    ("ringfence.worker", "ringfence.outbox.relay", "ringfence.outbox.loop"),
     ("ringfence.dashboard", "ringfence.testing", "ringfence.demo"),
     ("ringfence.cli",),
     ("ringfence.contrib",),  # framework integrations (Django): user-side glue over the CLI and the App
