@@ -16,11 +16,11 @@ from typing import Any
 import orjson
 import pytest
 from pydantic import BaseModel
-from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, insert, select
+from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, exc, insert, select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import Session
 
-from ringfence import App, PayloadError
+from ringfence import App, PayloadError, oncommit
 from ringfence.fence.aftercommit import kept
 from support import FAST, database_url, wait_until
 from topology import HAVE_REDIS, Servers, free_port
@@ -157,6 +157,53 @@ def test_payload_is_checked_at_the_call(app: App, db: tuple[str, Table]) -> None
     engine.dispose()
 
 
+def test_a_failed_commit_raises_sqlalchemy_error_and_sends_nothing(app: App, tmp_path: Path) -> None:
+    """A deferred constraint fails at COMMIT (PostgreSQL): the Session and the Core Connection both raise
+    SQLAlchemy's IntegrityError, and no job leaves."""
+    url = database_url("postgresql", tmp_path)
+    receipt, _ = tasks(app)
+    name = f"oc_{uuid.uuid4().hex[:10]}"
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE TABLE {name} (id int, CONSTRAINT {name}_u UNIQUE (id) DEFERRABLE "
+                             "INITIALLY DEFERRED)")
+    try:
+        with Session(engine) as s:
+            s.execute(text(f"INSERT INTO {name} VALUES (1), (1)"))  # legal until the commit checks it
+            via_session = receipt.enqueue_on_commit(s, order_id=1)
+            with pytest.raises(exc.IntegrityError):
+                s.commit()
+        with engine.connect() as conn:
+            conn.execute(text(f"INSERT INTO {name} VALUES (2), (2)"))
+            via_conn = receipt.enqueue_on_commit(conn, order_id=2)
+            with pytest.raises(exc.IntegrityError):
+                conn.commit()
+        assert state(app, via_session) is None and state(app, via_conn) is None
+        with engine.connect() as conn:
+            assert conn.execute(text(f"SELECT count(*) FROM {name}")).scalar() == 0
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TABLE {name}")
+        engine.dispose()
+
+
+def test_past_the_memory_cap_a_job_is_in_the_log_line_only_and_counted(
+        tmp_path: Path, namespace: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(oncommit, "MAX_KEPT", 1)
+    app = App(f"redis://127.0.0.1:{free_port()}/0", namespace, worker=FAST)
+    app.on_commit.retry_for_s = 0.1
+    receipt, _ = tasks(app)
+    engine = create_engine(database_url("sqlite", tmp_path))
+    with caplog.at_level(logging.ERROR, logger="ringfence.oncommit"), Session(engine) as s:
+        first, second = receipt.enqueue_on_commit(s, order_id=1), receipt.enqueue_on_commit(s, order_id=2)
+        s.commit()
+    assert [r["id"] for r in app.on_commit.unsent()] == [first]
+    assert app.on_commit.registry.get_sample_value("ringfence_on_commit_dropped_total", {"task": "receipt"}) == 1
+    assert any(second in r.getMessage() for r in caplog.records)
+    app.close()
+    engine.dispose()
+
+
 ASYNC_URLS = {"postgresql": "postgresql+psycopg_async://root@127.0.0.1:5432/test", "sqlite": None}
 
 
@@ -213,9 +260,11 @@ def test_redis_lost_at_commit_is_counted_logged_kept_and_sent_when_it_returns(
         assert app.on_commit.unsent() == [{"id": job_id, "task": "receipt", "args": {"order_id": 1}, "options": {}}]
         line = next(r.getMessage() for r in caplog.records if job_id in r.getMessage())
         assert orjson.loads(line[line.index("{"):]) == app.on_commit.unsent()[0]  # the whole job, to recover it
-        servers.start(port)  # Redis is back: the retry thread sends the kept job
-        wait_until(lambda: app.broker.job_state("default", job_id) == "pending", timeout=30)
-        wait_until(lambda: app.on_commit.unsent() == [])
+        with caplog.at_level(logging.WARNING, logger="ringfence.oncommit"):
+            servers.start(port)  # Redis is back: the retry thread sends the kept job
+            wait_until(lambda: app.broker.job_state("default", job_id) == "pending", timeout=30)
+            wait_until(lambda: app.on_commit.unsent() == [])
+        assert any(f"job {job_id} sent after all" in r.getMessage() for r in caplog.records)
         assert app.on_commit.registry.get_sample_value("ringfence_on_commit_kept") == 0
     finally:
         app.close()

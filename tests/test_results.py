@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from ringfence import App, ConfigError, JobFailed, ResultTimeout, RetryPolicy, UnknownJob
 from ringfence.inspect import find_dead
+from ringfence.jobs import cancel_job
 from test_worker import run_until
 
 
@@ -48,7 +49,7 @@ def declare(app: App) -> dict[str, Any]:
         raise ValueError("card declined")
 
     @app.task(name="stamp", store_result=True)
-    def stamp(ctx: Any) -> dict[str, Any]:
+    def stamp(ctx: Any, n: int) -> dict[str, Any]:
         return {"ok": True, "when": datetime(2026, 1, 1, tzinfo=UTC)}
 
     @app.task(name="plain")
@@ -120,11 +121,12 @@ async def test_a_failing_job_raises_job_failed_for_waiters_before_and_after(make
 
 async def test_a_result_that_is_not_json_dead_letters_the_job_with_its_payload(make_app: Callable[..., App]) -> None:
     app = make_app()
-    job = declare(app)["stamp"].enqueue()
+    job = declare(app)["stamp"].enqueue(n=1)
     await run_until(app, lambda: app.broker.job_state("default", job) == "dead")
     dead = find_dead(app.broker, job)
     assert dead is not None and dead.reason == "bad_result" and "result.when" in dead.error
     assert dead.attempts == 1  # not retried: the handler ran, a retry would repeat its effect
+    assert dead.args == {"n": 1}  # the payload is kept for a replay
     with pytest.raises(JobFailed) as raised:
         app.result(job, timeout=0)
     assert raised.value.reason == "bad_result" and "datetime" in raised.value.error
@@ -142,6 +144,10 @@ def test_unknown_ids_timeouts_and_tasks_without_results(make_app: Callable[..., 
     assert 0.3 <= time.monotonic() - started < 2
     with pytest.raises(ConfigError, match="store_result"):
         app.result(t["plain"].enqueue(), timeout=1)
+    cancelled = t["add"].enqueue(a=1, b=2)
+    cancel_job(app, cancelled)
+    with pytest.raises(UnknownJob):
+        app.result(cancelled, timeout=5)
     with pytest.raises(ConfigError, match="result_ttl_s"):
         app.task(name="x", result_ttl_s=5)(lambda ctx: None)
     with pytest.raises(ConfigError, match="timeout"):
