@@ -15,6 +15,8 @@ from typing import Any
 import click
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+ENTRY = "ringfence.contrib.django.entry:app"  # sets Django up in processes the worker starts, then RINGFENCE["APP"]
+
 
 @contextmanager
 def _app_from_settings() -> Iterator[None]:
@@ -23,7 +25,7 @@ def _app_from_settings() -> Iterator[None]:
 
     app, before = settings().app, os.environ.get("RINGFENCE_APP")
     if app and before is None:
-        os.environ["RINGFENCE_APP"] = app
+        os.environ["RINGFENCE_APP"] = ENTRY
     try:
         yield
     finally:
