@@ -17,7 +17,7 @@ demo: setup
 	$(BIN)/ringfence demo
 
 test: setup
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench examples
 	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -26,7 +26,7 @@ test-topology: setup
 	$(BIN)/python -m pytest -m topology $(PYTEST_ARGS)
 
 lint: setup
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench examples
 	$(BIN)/mypy
 
 bench: setup
