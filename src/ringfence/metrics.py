@@ -41,9 +41,10 @@ _QUEUE_GAUGES = {"pending": "jobs ready to run", "active": "jobs leased to a run
                  "scheduled": "delayed or deferred jobs", "retry": "jobs waiting to retry",
                  "dead": "jobs in dead-letter"}
 _QUEUE_COUNTERS = ("enqueued", "processed", "failed", "dead", "orphaned", "replayed", "deferred",
-                   "requeued_on_shutdown", "abandoned_on_shutdown", "dangling")
+                   "requeued_on_shutdown", "abandoned_on_shutdown", "dangling", "outbox_refused")
 
 BreakerSource = Callable[[], Mapping[str, str]]
+OutboxSource = Callable[[], Mapping[str, Any] | None]  # outbox/lag.py: waiting, oldest_s; None: no outbox
 
 
 class Metrics:
@@ -130,6 +131,10 @@ class Metrics:
         """Also expose the namespace's queue gauges, read from Redis at each scrape."""
         self.registry.register(QueueCollector(broker))
 
+    def add_outbox_gauges(self, source: OutboxSource) -> None:
+        """Also expose the outbox's relay lag, read from the database at each scrape."""
+        self.registry.register(OutboxCollector(source))
+
     def serve(self, port: int, addr: str = "0.0.0.0") -> Any:
         """Serve ``/metrics`` on ``addr:port`` from a daemon thread; returns the server (``.shutdown()``)."""
         server, _thread = start_http_server(port, addr, registry=self.registry)
@@ -210,9 +215,36 @@ class QueueCollector(Collector):
             yield c
 
 
-def serve_exporter(broker: Broker, port: int, addr: str = "0.0.0.0") -> Any:
-    """The standalone exporter: queue gauges only. Returns the server (``.shutdown()`` to stop)."""
+class OutboxCollector(Collector):
+    """Rows waiting in the transactional outbox and the age of the oldest (docs/outbox.md)."""
+
+    def __init__(self, source: OutboxSource) -> None:
+        self.source = source
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            lag = self.source()
+        except Exception:
+            yield GaugeMetricFamily("ringfence_outbox_up", "1 when the outbox table could be read", value=0)
+            return
+        if lag is None:
+            return  # no outbox table: nothing to report
+        yield GaugeMetricFamily("ringfence_outbox_up", "1 when the outbox table could be read", value=1)
+        yield GaugeMetricFamily("ringfence_outbox_waiting", "Committed outbox rows not yet relayed to Redis",
+                                value=lag["waiting"])
+        yield GaugeMetricFamily("ringfence_outbox_oldest_seconds", "Age of the oldest waiting outbox row (relay lag)",
+                                value=lag["oldest_s"])
+
+
+def serve_exporter(broker: Broker, port: int, addr: str = "0.0.0.0", outbox: OutboxSource | None = None) -> Any:
+    """The standalone exporter: queue gauges (and the outbox's lag, given its source). Returns the server
+    (``.shutdown()`` to stop)."""
     registry = CollectorRegistry()
     registry.register(QueueCollector(broker))
+    if outbox is not None:
+        registry.register(OutboxCollector(outbox))
     server, _thread = start_http_server(port, addr, registry=registry)
     return server

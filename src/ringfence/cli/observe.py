@@ -33,11 +33,15 @@ def threshold_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                   help="backlog x remaining attempts of one dependency")
     @click.option("--in-doubt-older-than-min", type=float, default=0.0, show_default=True,
                   help="report in-doubt fences older than this")
+    @click.option("--outbox-lag-warn-s", type=float, default=Thresholds.outbox_lag_warn_s, show_default=True,
+                  help="the oldest outbox row waiting for the relay longer than this is an alert")
     @functools.wraps(fn)
     def wrapper(*args: Any, latency_warn_s: float, retry_warn: int, future_load_warn: int,
-                in_doubt_older_than_min: float, sample_s: float = Thresholds.sample_s, **kw: Any) -> Any:
+                in_doubt_older_than_min: float, outbox_lag_warn_s: float, sample_s: float = Thresholds.sample_s,
+                **kw: Any) -> Any:
         t = Thresholds(sample_s=sample_s, latency_warn_s=latency_warn_s, retry_warn=retry_warn,
-                       future_load_warn=future_load_warn, in_doubt_older_than_s=in_doubt_older_than_min * 60)
+                       future_load_warn=future_load_warn, in_doubt_older_than_s=in_doubt_older_than_min * 60,
+                       outbox_lag_warn_s=outbox_lag_warn_s)
         return fn(*args, thresholds=t, **kw)
 
     return wrapper
@@ -131,11 +135,13 @@ def watch(app: App, interval_s: float, webhook_url: str | None, iterations: int 
 @click.option("--port", type=int, default=9108, show_default=True, help="HTTP port of /metrics")
 @click.option("--addr", default="0.0.0.0", show_default=True, help="address to bind (127.0.0.1: this host only)")
 def exporter(app: App, port: int, addr: str) -> None:
-    """Serve the namespace's queue gauges on /metrics for Prometheus."""
+    """Serve the namespace's queue gauges (and, with a fence_url, the outbox's relay lag) on /metrics for
+    Prometheus."""
     from ringfence.metrics import serve_exporter
+    from ringfence.outbox.lag import outbox_lag
 
     app.broker.environment()  # a Redis that cannot be reached fails here, with one line, not at every scrape
-    server = serve_exporter(app.broker, port, addr)
+    server = serve_exporter(app.broker, port, addr, outbox=(lambda: outbox_lag(app)) if app.fence_url else None)
     click.echo(f"ringfence exporter: http://{addr}:{server.server_port}/metrics (namespace {app.namespace})")
     with contextlib.suppress(KeyboardInterrupt):
         threading.Event().wait()

@@ -36,12 +36,19 @@ def print_table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> N
 @app_option
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def info(app: App, as_json: bool) -> None:
-    """Per queue: pending, active, scheduled, retry, dead, processed, failed, latency, paused."""
+    """Per queue: pending, active, scheduled, retry, dead, processed, failed, latency, paused; and the outbox's
+    relay lag (rows waiting, the oldest's age, the relay holding the lease) when the app's database has one."""
+    from ringfence.outbox.lag import outbox_lag
+
     rows = inspect.info(app.broker)
     breakers = inspect.breakers(app.broker)
+    try:
+        outbox = outbox_lag(app)
+    except Exception as exc:  # the queues are still worth printing when the database does not answer
+        outbox = {"waiting": "?", "oldest_s": "?", "relay": None, "error": f"{type(exc).__name__}: {exc}"}
     if as_json:
         print_json({"namespace": app.namespace, "environment": app.broker.environment(), "queues": rows,
-                    "breakers": breakers})
+                    "breakers": breakers, "outbox": outbox})
         return
     cols = ["queue", "pending", "active", "scheduled", "retry", "dead", "processed", "failed", "latency_s", "paused",
             "versions"]
@@ -50,6 +57,8 @@ def info(app: App, as_json: bool) -> None:
     if breakers:
         print_table("circuit breakers", [{**b, "transitions": " ".join(b["transitions"][:3])} for b in breakers],
                     ["dependency", "state", "recent_failures", "transitions"])
+    if outbox is not None:
+        print_table("outbox", [{**outbox, "relay": outbox["relay"] or "none"}], ["waiting", "oldest_s", "relay"])
 
 
 @main.command()

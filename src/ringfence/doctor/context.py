@@ -31,6 +31,7 @@ class Thresholds:
     orphan_window_s: float = 3600.0   # look-back for orphaned attempts
     stuck_grace_s: float = 30.0       # an expired lease live workers have not recovered after this
     in_doubt_older_than_s: float = 0.0  # in-doubt fences older than this are reported (0: all)
+    outbox_lag_warn_s: float = 60.0   # the oldest committed outbox row has waited this long for the relay
     memory_warn_ratio: float = 0.8    # Redis used_memory / maxmemory: warning from here
     memory_fail_ratio: float = 0.95   # ... failure from here (at maxmemory every enqueue is refused)
 
