@@ -204,6 +204,22 @@ def test_past_the_memory_cap_a_job_is_in_the_log_line_only_and_counted(
     engine.dispose()
 
 
+async def test_async_session_with_redis_unreachable_keeps_the_job(tmp_path: Path, namespace: str) -> None:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    app = App(f"redis://127.0.0.1:{free_port()}/0", namespace, worker=FAST)
+    app.on_commit.retry_for_s = 0.1
+    receipt, _ = tasks(app)
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path}/a.db")
+    async with AsyncSession(engine) as s:
+        job_id = receipt.enqueue_on_commit(s, order_id=5)
+        await s.commit()  # returns: the commit happened, the failed send is kept
+    assert [r["id"] for r in app.on_commit.unsent()] == [job_id]
+    assert app.on_commit.registry.get_sample_value("ringfence_on_commit_unsent_total", {"task": "receipt"}) == 1
+    await engine.dispose()
+    app.close()
+
+
 ASYNC_URLS = {"postgresql": "postgresql+psycopg_async://root@127.0.0.1:5432/test", "sqlite": None}
 
 
