@@ -119,6 +119,31 @@ async def test_a_failing_job_raises_job_failed_for_waiters_before_and_after(make
         app.result(job, timeout=0)
 
 
+async def test_a_replayed_job_is_waited_for_again_not_answered_by_its_old_failure(
+        make_app: Callable[..., App]) -> None:
+    app = make_app()
+    runs: list[int] = []
+
+    @app.task(name="flaky", store_result=True, retry=RetryPolicy(max_attempts=1))
+    async def flaky(ctx: Any) -> str:
+        runs.append(1)
+        if len(runs) == 1:
+            raise ValueError("first run fails")
+        return "second run works"
+
+    job = flaky.enqueue()
+    await run_until(app, lambda: app.broker.job_state("default", job) == "dead")
+    with pytest.raises(JobFailed):
+        await app.aresult(job, timeout=0)
+    assert app.broker.run(app.broker.replay("default", [job])) == [job]  # a person replays it after a fix
+    waiting = asyncio.create_task(app.aresult(job, timeout=20))
+    sync_waiting = asyncio.create_task(asyncio.to_thread(app.result, job, 20))
+    await asyncio.sleep(0.3)
+    assert not waiting.done() and not sync_waiting.done()  # the old failure does not answer them
+    await run_until(app, lambda: waiting.done() and sync_waiting.done())
+    assert waiting.result() == sync_waiting.result() == "second run works"
+
+
 async def test_a_result_that_is_not_json_dead_letters_the_job_with_its_payload(make_app: Callable[..., App]) -> None:
     app = make_app()
     job = declare(app)["stamp"].enqueue(n=1)

@@ -17,6 +17,7 @@ reason ``bad_result`` and an error naming the field; its payload is kept there f
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ringfence.results")
 
 DEFAULT_TTL_S = 86400.0
+POLL_S = 0.1  # after a replay, until the new run's record replaces the old failure
 BAD_RESULT = "bad_result"  # the dead-letter reason of a return value that is not JSON
 
 
@@ -115,6 +117,7 @@ class _Waiter:
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.timeout = timeout
         self.queue: str | None = None
+        self.stale_ms: float | None = None  # records up to this finished_ms are from before a replay
         # A blocking read shorter than the socket timeout, so the client never takes it for a dead socket.
         self.step_s = max(0.05, min(1.0, app.redis_settings.socket_timeout_s / 2))
 
@@ -137,6 +140,32 @@ class _Waiter:
             raise JobFailed(f"job {self.job_id} ({view.task}) failed [{reason}]: {error}", self.job_id, reason, error)
         self.queue = view.queue
 
+    def _stale(self, record: dict[str, Any]) -> bool:
+        return self.stale_ms is not None and record.get("finished_ms", 0) <= self.stale_ms
+
+    def _replayed(self, record: dict[str, Any], queued: bool) -> bool:
+        """A failure record of a job that was replayed since: wait for the record of its new run."""
+        if record.get("state") != "dead" or not queued:
+            return False
+        self.stale_ms, self.queue = record.get("finished_ms", 0), str(record.get("queue"))
+        return True
+
+    def fresh(self, raw: bytes | None) -> dict[str, Any] | None:
+        record = None if raw is None else _record(raw)
+        if record is None or self._stale(record):
+            return None
+        queued = record.get("state") == "dead" and stored.queued(self.app.broker, str(record.get("queue")),
+                                                                  self.job_id)
+        return None if self._replayed(record, queued) else record
+
+    async def afresh(self, raw: bytes | None) -> dict[str, Any] | None:
+        record = None if raw is None else _record(raw)
+        if record is None or self._stale(record):
+            return None
+        queued = record.get("state") == "dead" and await stored.aqueued(self.app.broker, str(record.get("queue")),
+                                                                         self.job_id)
+        return None if self._replayed(record, queued) else record
+
     def gone(self) -> bool:
         return self.queue is None or not stored.present(self.app.broker, self.queue, self.job_id)
 
@@ -158,15 +187,17 @@ def result(app: Runtime, job_id: str, timeout: float | None = None) -> Any:
     w = _Waiter(app, job_id, timeout)
     b = app.broker
     while True:
-        raw = stored.read(b, job_id)
-        if raw is None and w.gone():
-            raw = stored.read(b, job_id)  # the worker stores before it acks: read once more, then look
-            if raw is None:
+        record = w.fresh(stored.read(b, job_id))
+        if record is None and w.gone():
+            record = w.fresh(stored.read(b, job_id))  # the worker stores before it acks: read again, then look
+            if record is None:
                 w.locate()
-        if raw is None:
-            raw = stored.wait(b, job_id, w.slice_s())
-        if raw is not None:
-            return _outcome(job_id, _record(raw))
+        if record is None and w.stale_ms is None:
+            record = w.fresh(stored.wait(b, job_id, w.slice_s()))
+        elif record is None:
+            time.sleep(min(w.slice_s(), POLL_S))  # a stale record would answer a blocking read at once
+        if record is not None:
+            return _outcome(job_id, record)
 
 
 async def aresult(app: Runtime, job_id: str, timeout: float | None = None) -> Any:
@@ -174,12 +205,14 @@ async def aresult(app: Runtime, job_id: str, timeout: float | None = None) -> An
     w = _Waiter(app, job_id, timeout)
     b = app.broker
     while True:
-        raw = await stored.aread(b, job_id)
-        if raw is None and await w.agone():
-            raw = await stored.aread(b, job_id)
-            if raw is None:
+        record = await w.afresh(await stored.aread(b, job_id))
+        if record is None and await w.agone():
+            record = await w.afresh(await stored.aread(b, job_id))
+            if record is None:
                 w.locate()
-        if raw is None:
-            raw = await stored.await_(b, job_id, w.slice_s())
-        if raw is not None:
-            return _outcome(job_id, _record(raw))
+        if record is None and w.stale_ms is None:
+            record = await w.afresh(await stored.await_(b, job_id, w.slice_s()))
+        elif record is None:
+            await asyncio.sleep(min(w.slice_s(), POLL_S))
+        if record is not None:
+            return _outcome(job_id, record)

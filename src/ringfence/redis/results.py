@@ -65,3 +65,12 @@ async def apresent(broker: Broker, queue: str, job_id: str) -> bool:
         p.zscore(k.dead, job_id)
         exists, dead = await p.execute()
     return bool(exists) or dead is not None
+
+
+def queued(broker: Broker, queue: str, job_id: str) -> bool:
+    """Is the job in ``queue`` and not dead (its record is in the jobs hash only then)?"""
+    return bool(broker.sync.hexists(broker.keys.queue(queue).jobs, job_id))
+
+
+async def aqueued(broker: Broker, queue: str, job_id: str) -> bool:
+    return bool(await broker.aio.hexists(broker.keys.queue(queue).jobs, job_id))
