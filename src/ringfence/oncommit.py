@@ -105,9 +105,9 @@ class OnCommit:
         if in_async:
             from ringfence.fence.aftercommit import run_async
 
-            run_async(self._asend(jobs))
-        else:
-            self._send(jobs)
+            if run_async(self._asend(jobs)):
+                return
+        self._send(jobs)
 
     # -- sending --------------------------------------------------------------------------------
     def _send(self, jobs: list[Deferred]) -> None:

@@ -202,6 +202,12 @@ def _connection(conn: Connection, in_async: bool) -> _ConnectionKept:
     return state
 
 
-def run_async(coro: Any) -> Any:
-    """Await ``coro`` from a commit hook of an async session or connection (inside SQLAlchemy's greenlet)."""
-    return await_only(coro)
+def run_async(coro: Any) -> bool:
+    """Await ``coro`` from a commit hook of an async session or connection (inside SQLAlchemy's greenlet).
+    False, ``coro`` closed unstarted, when the commit did not run in that greenlet (the sync session of an
+    AsyncSession committed directly): the caller then sends synchronously."""
+    try:
+        await_only(coro)
+    except exc.MissingGreenlet:
+        return False
+    return True
