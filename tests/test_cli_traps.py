@@ -125,7 +125,7 @@ def test_every_command_and_option_has_help() -> None:
 
 
 def test_interval_is_spelled_interval_s_everywhere_and_the_old_spelling_still_parses(make_app) -> None:
-    for command in (["scheduler"], ["watch"]):
+    for command in (["scheduler"], ["watch"], ["relay"]):
         res = CliRunner().invoke(cli, [*command, "--help"])
         assert "--interval-s" in res.output and "--interval " not in res.output
     scheduler = cli.commands["scheduler"]

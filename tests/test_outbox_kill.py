@@ -41,7 +41,7 @@ class Procs:
         return proc
 
     def relay(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        return self.start("relay", "--batch", "5", "--lease", "1", "--interval", "0.05", *args, env=env)
+        return self.start("relay", "--batch", "5", "--lease-s", "1", "--interval", "0.05", *args, env=env)
 
     def worker(self, *args: str) -> subprocess.Popen[bytes]:
         return self.start("worker", "--queues", "q1,q2", "--concurrency", "1", "--no-alerts", *args)

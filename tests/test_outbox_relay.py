@@ -140,3 +140,38 @@ def test_a_relay_without_the_lease_cannot_send_rows_another_is_sending(make_app,
     assert taken == [0] and second.counts.sent == second.counts.refused == 0
     assert sorted(_pending(rdb, app, "orders") + _pending(rdb, app, "mail")) == sorted(ids)
     assert rows(db, namespace) == []
+
+
+def test_relay_once_exits_2_while_another_relay_holds_the_lease(make_app, db) -> None:
+    from click.testing import CliRunner
+
+    from ringfence.cli import main as cli
+
+    app = _app(make_app, db)
+    _write(app, db, 1)
+    holder = Relay(app, engine=db)
+    assert holder.lead()
+    env = {"RINGFENCE_REDIS_URL": app.broker.url, "RINGFENCE_NAMESPACE": app.namespace,
+           "RINGFENCE_FENCE_URL": str(app.fence_url)}
+    res = CliRunner().invoke(cli, ["relay", "--once", "--lease-s", "0.1"], env=env)
+    assert res.exit_code == 2 and f"another relay holds the outbox lease ({holder.owner})" in res.output, res.output
+    holder.release()
+    res = CliRunner().invoke(cli, ["relay", "--once"], env=env)
+    assert res.exit_code == 0 and "relayed 1 row(s) (1 sent, 0 refused" in res.output, res.output
+
+
+def test_a_durable_row_stays_until_a_replica_confirms(make_app, db, rdb, namespace) -> None:
+    """The test Redis has no replica: WAIT confirms none, so the relay keeps the row (and retries it)."""
+    if int(rdb.info("replication")["connected_slaves"]) > 0:
+        pytest.skip("this Redis has replicas")
+    app = _app(make_app, db)
+    app.replica_timeout_s = 0.05
+    with db.begin() as conn:
+        job_id = app.registry.get("charge").with_options(durable=True).enqueue_in(conn, n=1)
+    [row] = rows(db, namespace)
+    assert row["min_replicas"] == 1
+    from ringfence.errors import NotReplicated
+
+    with pytest.raises(NotReplicated):
+        Relay(app, engine=db).run(once=True)
+    assert [r["job_id"] for r in rows(db, namespace)] == [job_id]

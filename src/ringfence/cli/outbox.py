@@ -41,14 +41,18 @@ def ddl(dialect: str) -> None:
                                             "holds the lease)")
 @click.option("--batch", default=100, show_default=True, type=click.IntRange(min=1),
               help="rows per transaction (each batch is one SELECT ... FOR UPDATE, one Redis call per queue)")
-@click.option("--interval", "--interval-s", "interval", default=1.0, show_default=True,
+@click.option("--interval-s", "interval_s", default=1.0, show_default=True,
               type=click.FloatRange(min=0.0, min_open=True),
               help="seconds between looks at the outbox when it is empty (or when another relay leads)")
-@click.option("--lease", "--lease-s", "lease_s", default=10.0, show_default=True,
-              type=click.FloatRange(min=0.0, min_open=True),
+@click.option("--interval", "interval_old", type=click.FloatRange(min=0.0, min_open=True), default=None,
+              hidden=True)  # issue 15's spelling; --interval-s like every other command
+@click.option("--lease-s", "lease_s", default=10.0, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
               help="seconds the relay lease lasts unless renewed (one relay at a time per namespace)")
-def relay(app: App, once: bool, batch: int, interval: float, lease_s: float) -> None:
-    """Move committed rows of the outbox table (task.enqueue_in) to Redis, each once, in order per queue."""
+def relay(app: App, once: bool, batch: int, interval_s: float, interval_old: float | None, lease_s: float) -> None:
+    """Move committed rows of the outbox table (task.enqueue_in) to Redis, each once, in order per queue.
+
+    Runs until SIGTERM or Ctrl-C (--once: until no row waits). One relay per namespace holds a lease in Redis
+    and sends; others wait and take over when it stops or dies (within --lease-s). docs/outbox.md."""
     import signal
 
     from ringfence.outbox.relay import Relay
@@ -59,5 +63,5 @@ def relay(app: App, once: bool, batch: int, interval: float, lease_s: float) -> 
     where = r.store.engine.url.render_as_string(hide_password=True)
     if not once:
         click.echo(f"relaying {where} (namespace {app.namespace}) to {app.broker.url}; Ctrl-C to stop", err=True)
-    total = r.run(once=once, interval_s=interval)
+    total = r.run(once=once, interval_s=interval_old if interval_old is not None else interval_s)
     click.echo(f"relayed {total} row(s) ({r.counts.sent} sent, {r.counts.refused} refused as sent before)")
