@@ -62,8 +62,7 @@ class Client:
             timeout_ms=None if opts.timeout_s is None else int(opts.timeout_s * 1000),
             expires_ms=None if expiry_s is None else max(now, at) + int(expiry_s * 1000),
         )
-        job_id = opts.job_id or new_job_id()
-        check_name("job id", job_id)
+        job_id = check_name("job id", opts.job_id) if opts.job_id else new_job_id()
         ukey, until = self._unique(task, args, opts, max(now, at))
         encoded = spec.encode()
         self._check_size(task, encoded)
@@ -71,7 +70,9 @@ class Client:
 
     def check_options(self, task: Task, opts: EnqueueOptions) -> str:
         """The checks of ``prepare`` that need no clock (and so no Redis); returns the queue."""
-        queue = check_name("queue", opts.queue or task.options.queue)
+        queue = opts.queue or task.options.queue
+        if queue not in self._known_queues:  # a known queue's name was checked when it was registered
+            check_name("queue", queue)
         if opts.run_at is not None and opts.delay_s is not None:
             raise ConfigError("give delay_s or run_at, not both")
         if opts.run_at is not None and opts.run_at.tzinfo is None:
@@ -171,7 +172,13 @@ class Client:
         return self.app.namespace
 
     def enqueue(self, task: Task, payload: Any, opts: EnqueueOptions) -> str:
-        return self.enqueue_many(task, [payload], opts)[0]
+        prepared = self.prepare(task, payload, opts)  # enqueue_many for one job, minus its grouping by queue
+        queue = prepared[0]
+        if queue not in self._known_queues:
+            self.app.broker.register_queues([queue])
+            self._known_queues.add(queue)
+        got = self._run(self.app.broker.enqueue(queue, [prepared[1:]]), opts)
+        return self._ids([prepared], [([0], got)], opts)[0]
 
     def enqueue_in(self, task: Task, conn: Any, payload: Any, opts: EnqueueOptions) -> str:
         """The job as an outbox row in ``conn``'s transaction (outbox/write.py)."""

@@ -45,6 +45,8 @@ class PayloadCodec:
             raise ConfigError(f"task {task_name!r}: with payload={model.__name__} the handler takes (ctx, payload)")
         self._params = {p.name: p for p in params[1:] if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
         self._takes_any = any(p.kind is p.VAR_KEYWORD for p in params[1:])
+        self._required = [n for n, p in self._params.items()
+                          if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         # Plain handlers: the parameters after ctx, checked in pydantic's strict JSON mode (built once).
         self._adapter = None if model is not None else signature_adapter(task_name, fn, list(self._params.values()))
 
@@ -104,13 +106,12 @@ class PayloadCodec:
 
     def check_fields(self, payload: dict[str, Any]) -> None:
         """For keyword payloads: no unknown field, no missing required one."""
-        if not self._takes_any:
+        if not self._takes_any and not self._params.keys() >= payload.keys():
             unknown = sorted(set(payload) - set(self._params))
             if unknown:
                 raise PayloadError(f"task {self.task!r}: unknown field(s) {', '.join(unknown)}; "
                                    f"it takes {', '.join(self._params) or 'no fields'}")
-        missing = [n for n, p in self._params.items()
-                   if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in payload]
+        missing = [n for n in self._required if n not in payload]
         if missing:
             raise PayloadError(f"task {self.task!r}: missing required field(s) {', '.join(missing)}")
 

@@ -115,10 +115,10 @@ class Task:
 
     def enqueue(self, model: BaseModel | None = None, /, **fields: Any) -> str:
         """Queue one job; the payload is keyword fields, or an instance of the task's payload model."""
-        return self.app.client.enqueue(self, _payload(model, fields), EnqueueOptions())
+        return self.app.client.enqueue(self, _payload(model, fields), NO_OPTIONS)
 
     async def aenqueue(self, model: BaseModel | None = None, /, **fields: Any) -> str:
-        return await self.app.client.aenqueue(self, _payload(model, fields), EnqueueOptions())
+        return await self.app.client.aenqueue(self, _payload(model, fields), NO_OPTIONS)
 
     def enqueue_in(self, conn: Any, model: BaseModel | None = None, /, **fields: Any) -> str:
         """Write the job into the outbox table in ``conn``'s transaction (no commit, no Redis); the relay
@@ -186,6 +186,9 @@ def check_result_options(store_result: Any, result_ttl_s: Any) -> None:
     check_seconds("result_ttl_s", result_ttl_s, minimum=None)
     if result_ttl_s is not None and not store_result:
         raise ConfigError(f"result_ttl_s={result_ttl_s!r} without store_result=True: nothing would be kept")
+
+
+NO_OPTIONS = EnqueueOptions()  # frozen: one instance for every plain enqueue (its checks cost ~5 µs a call)
 
 
 def enqueue_options(**options: Any) -> EnqueueOptions:

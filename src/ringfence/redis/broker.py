@@ -28,6 +28,7 @@ from ringfence.redis.connection import (
     full_error,
     url_clients,
 )
+from ringfence.redis.direct import DirectCalls
 from ringfence.redis.keys import Keys
 from ringfence.redis.reads import Reads
 from ringfence.redis.scripts import PROBE, script
@@ -91,6 +92,8 @@ class Broker(Reads, Admin):
         self._shebang: bool | None = None  # does the server take script flags (Redis 7+)? probed once
         self._sync: redis.Redis | None = None
         self._aio: aioredis.Redis | None = None
+        self._direct: DirectCalls | None = None
+        self._direct_checked = False  # is the sync client a plain one (redis/direct.py)? asked once
 
     def precise_ms(self) -> float:
         """Now in ms with µs precision (the injected clock as is, when one was given)."""
@@ -157,11 +160,17 @@ class Broker(Reads, Admin):
         """Run ``call``; ``report=False``: an unreachable Redis is left to the caller to report (no log line)."""
         try:
             source, sha = script(call.name).for_server(self.supports_flags(), self.cluster)
+            if not self._direct_checked:
+                self._direct = DirectCalls(self.sync) if DirectCalls.usable(self.sync) else None
+                self._direct_checked = True
+            direct = self._direct
             try:
-                raw = self.sync.evalsha(sha, len(call.keys), *call.keys, *call.args)
+                raw = (direct.call("EVALSHA", sha, len(call.keys), *call.keys, *call.args) if direct is not None
+                       else self.sync.evalsha(sha, len(call.keys), *call.keys, *call.args))
             except NoScriptError:
                 self.sync.script_load(source)
-                raw = self.sync.evalsha(sha, len(call.keys), *call.keys, *call.args)
+                raw = (direct.call("EVALSHA", sha, len(call.keys), *call.keys, *call.args) if direct is not None
+                       else self.sync.evalsha(sha, len(call.keys), *call.keys, *call.args))
         except OutOfMemoryError as exc:
             raise full_error(call.name, self._node_memory(call.keys[0] if call.keys else "")) from exc
         except UNAVAILABLE as exc:
@@ -196,6 +205,9 @@ class Broker(Reads, Admin):
             self._aio = None
 
     def close(self) -> None:
+        if self._direct is not None:
+            self._direct.close()
+        self._direct, self._direct_checked = None, False
         if self._sync is not None:
             self._sync.close()
             self._sync = None

@@ -1,0 +1,80 @@
+"""Script calls of the sync client (``Broker.run``) go over connections kept aside (redis/direct.py): the
+connection rules of redis/connection.py still hold on them."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from ringfence import App
+from ringfence.redis.connection import ConnectionSettings
+from ringfence.redis.direct import DirectCalls
+from ringfence.redis.embedded import EmbeddedRedis, free_port
+
+
+@pytest.fixture
+def server() -> Iterator[EmbeddedRedis]:
+    s = EmbeddedRedis.temporary(port=free_port(), extra=("--enable-debug-command", "yes"))
+    yield s
+    s.stop()
+
+
+def _app(url: str, **settings: float) -> App:
+    app = App(url, namespace="direct-" + os.urandom(4).hex(), redis=ConnectionSettings(**settings))
+
+    @app.task(name="noop", queue="q")
+    def noop(ctx: object, n: int = 0) -> None: ...
+
+    return app
+
+
+def _pending(app: App) -> list[bytes]:
+    return app.broker.sync.lrange(app.broker.keys.queue("q").pending, 0, -1)
+
+
+def test_an_enqueue_uses_a_kept_connection_and_survives_the_server_closing_it(server: EmbeddedRedis) -> None:
+    app = _app(f"redis://127.0.0.1:{server.port}/0")
+    first = app.enqueue("noop", n=1)
+    assert isinstance(app.broker._direct, DirectCalls)
+    admin = redis.Redis(port=server.port)
+    killed = admin.client_kill_filter(_type="normal", skipme=True)  # every client of the app, the kept one too
+    assert killed >= 1
+    second = app.enqueue("noop", n=2)  # one retry on a fresh connection, as redis-py's own client does
+    assert sorted(_pending(app)) == sorted([first.encode(), second.encode()])
+    app.close()
+    admin.close()
+
+
+def test_a_timed_out_call_runs_once_and_its_late_reply_is_not_read_as_the_next_answer(
+        server: EmbeddedRedis) -> None:
+    app = _app(f"redis://127.0.0.1:{server.port}/0", socket_timeout_s=0.3)
+    app.enqueue("noop", n=0)
+    admin = redis.Redis(port=server.port)
+    sleeper = threading.Thread(target=admin.execute_command, args=("DEBUG", "SLEEP", "1"))
+    sleeper.start()  # the server stops answering for 1 s; a script sent meanwhile runs after it
+    time.sleep(0.1)
+    with pytest.raises(redis.TimeoutError):
+        app.enqueue("noop", n=1)
+    sleeper.join()
+    third = app.enqueue("noop", n=2)
+    pending = _pending(app)
+    assert len(pending) == 3  # the timed-out enqueue ran once, late
+    assert pending[0] == third.encode()  # the answer read is this call's own, not the late one
+    assert app.broker.job_spec("q", third) is not None
+    app.close()
+    admin.close()
+
+
+def test_a_cluster_or_custom_client_keeps_redis_py_s_path() -> None:
+    assert not DirectCalls.usable(redis.Redis(single_connection_client=True))
+
+    class Custom(redis.Redis):
+        pass
+
+    assert not DirectCalls.usable(Custom())
+    assert DirectCalls.usable(redis.Redis())
