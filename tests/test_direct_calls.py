@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+import redis.sentinel
 
 from ringfence import App
 from ringfence.redis.connection import ConnectionSettings
@@ -70,8 +71,10 @@ def test_a_timed_out_call_runs_once_and_its_late_reply_is_not_read_as_the_next_a
     admin.close()
 
 
-def test_a_cluster_or_custom_client_keeps_redis_py_s_path() -> None:
+def test_a_sentinel_cluster_or_custom_client_keeps_redis_py_s_path() -> None:
     assert not DirectCalls.usable(redis.Redis(single_connection_client=True))
+    # A Sentinel pool looks the master up when it hands a connection out: a connection made aside would not.
+    assert not DirectCalls.usable(redis.sentinel.Sentinel([("127.0.0.1", free_port())]).master_for("mymaster"))
 
     class Custom(redis.Redis):
         pass

@@ -24,8 +24,10 @@ class DirectCalls:
 
     @staticmethod
     def usable(client: Any) -> bool:
-        """Only a plain client with a connection pool (not a cluster, a subclass or a single-connection one)."""
-        return type(client) is redis.Redis and getattr(client, "connection", None) is None
+        """Only a plain client on a plain pool: not a cluster, a subclass or a single-connection client, and not
+        Sentinel (its pool finds the master when it hands out a connection, not when one is made)."""
+        return (type(client) is redis.Redis and getattr(client, "connection", None) is None
+                and type(client.connection_pool) in (redis.ConnectionPool, redis.BlockingConnectionPool))
 
     def call(self, *args: Any) -> Any:
         if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours to use
