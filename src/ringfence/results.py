@@ -66,16 +66,15 @@ def ttl_ms(task: Task | None) -> int:
     return max(1, int(ttl_s * 1000))
 
 
-async def store(app: Runtime, broker: Broker, job_id: str, task_name: str, record: bytes) -> None:
+async def store(broker: Broker, job_id: str, task: Task | None, record: bytes) -> None:
     """Store a finished job's record (the worker, before its ack)."""
-    await broker.arun(stored.store(broker, job_id, record, ttl_ms(app.registry.get(task_name))))
+    await broker.arun(stored.store(broker, job_id, record, ttl_ms(task)))
 
 
-async def store_failure(app: Runtime, broker: Broker, job_id: str, queue: str, task_name: str, reason: str,
+async def store_failure(broker: Broker, job_id: str, queue: str, task: Task | None, task_name: str, reason: str,
                         error: str) -> None:
     """After a dead-letter, for a task with store_result: wake the waiters with the reason. Best effort: a
     waiter that finds no record reads the dead-letter entry instead."""
-    task = app.registry.get(task_name)
     if task is None or not task.store_result:
         return
     try:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
-from ringfence.app import App
+from ringfence.fence.failed import FailedJobs
 from ringfence.inspect import dead_job
 from ringfence.models import DeadJob
 from ringfence.redis.broker import Broker
@@ -25,12 +25,16 @@ from ringfence.worker.maintenance import QueueSet
 log = logging.getLogger("ringfence.worker")
 
 
-async def write_row(app: App, broker: Broker, dead: DeadJob, spec: dict[str, Any]) -> bool:
+class FailedJobsSource(Protocol):
+    """Where the failed-jobs table comes from (opened on first use; None without a fence database)."""
+
+    @property
+    def failed_jobs(self) -> FailedJobs | None: ...
+
+
+async def write_row(failed: FailedJobs, broker: Broker, dead: DeadJob, spec: dict[str, Any]) -> bool:
     """Write the failed-jobs row of a job that reached the Redis dead-letter, then clear its debt.
     On a database error the debt stays, and the sweep writes the row later."""
-    failed = app.failed_jobs
-    if failed is None:
-        return False
     try:
         await asyncio.to_thread(failed.record, dead, spec)
     except Exception as exc:
@@ -46,9 +50,10 @@ class DurableSweep(Loop):
 
     name = "durable-sweep"
 
-    def __init__(self, app: App, broker: Broker, queues: QueueSet, interval_s: float, grace_s: float) -> None:
+    def __init__(self, failed: FailedJobs, broker: Broker, queues: QueueSet, interval_s: float,
+                 grace_s: float) -> None:
         super().__init__(interval_s)
-        self.app = app
+        self.failed = failed
         self.broker = broker
         self.queues = queues
         self.grace_ms = int(grace_s * 1000)
@@ -78,7 +83,7 @@ class DurableSweep(Loop):
             if spec is None:  # malformed: shown by `dead list`, nothing a replay could use
                 gone.append(job_id)
                 continue
-            if await write_row(self.app, self.broker, dead_job(queue, job_id, raw), spec):
+            if await write_row(self.failed, self.broker, dead_job(queue, job_id, raw), spec):
                 written += 1
         if gone:
             await self.broker.durable_done(queue, gone)

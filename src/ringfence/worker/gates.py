@@ -4,12 +4,12 @@ its dependency. A job that may not run yet waits without burning an attempt."""
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ringfence.app import App
 from ringfence.models import Fetched
 from ringfence.redis.broker import Broker
-from ringfence.settings import WorkerSettings
+from ringfence.settings import BreakerPolicy, WorkerSettings
 from ringfence.tasks import Task
 
 SLOT_RETRY_S = 0.5
@@ -22,18 +22,20 @@ class Wait:
 
 
 class Gates:
-    def __init__(self, app: App, broker: Broker, settings: WorkerSettings) -> None:
-        self.app = app
+    def __init__(self, broker: Broker, settings: WorkerSettings, queue_limits: Mapping[str, int],
+                 breakers: Mapping[str, BreakerPolicy]) -> None:
         self.broker = broker
         self.settings = settings
+        self.queue_limits = queue_limits  # app.limit_queue(...)
+        self.breakers = breakers          # app.breaker(...) and every task's dependency
         self.held: dict[str, list[tuple[str, str]]] = {}  # job id -> (kind, name) slots it holds
 
     def limits(self, job: Fetched, task: Task) -> list[tuple[str, str, int]]:
         out = []
         if task.concurrency is not None:
             out.append(("task", task.name, task.concurrency))
-        if job.queue in self.app.queue_limits:
-            out.append(("queue", job.queue, self.app.queue_limits[job.queue]))
+        if job.queue in self.queue_limits:
+            out.append(("queue", job.queue, self.queue_limits[job.queue]))
         return out
 
     async def enter(self, job: Fetched, task: Task) -> Wait | None:
@@ -48,7 +50,7 @@ class Gates:
                 return Wait(SLOT_RETRY_S * (0.5 + random.random()), "concurrency_delayed")
             taken.append((kind, name))
         if task.dependency is not None:
-            policy = self.app.breakers[task.dependency]
+            policy = self.breakers[task.dependency]
             ok, wait_ms, why = await b.arun(b.breaker_allow(
                 task.dependency, policy.rate_per_s or 0, int(policy.probe_timeout_s * 1000)))
             if not ok:
@@ -66,7 +68,7 @@ class Gates:
     async def record(self, job: Fetched, task: Task, dependency_ok: bool | None) -> None:
         """Tell the breaker how the dependency did (None: the outcome says nothing about it)."""
         if task.dependency is not None and dependency_ok is not None:
-            p = self.app.breakers[task.dependency]
+            p = self.breakers[task.dependency]
             await self.broker.arun(self.broker.breaker_record(
                 task.dependency, dependency_ok, p.failures, int(p.window_s * 1000), int(p.open_s * 1000),
                 f"{job.id}.{job.attempt}.{job.token}"))

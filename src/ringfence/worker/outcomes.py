@@ -1,11 +1,10 @@
-"""What became of a job attempt: the outcome record, and how a handler's exception maps to one."""
+"""What became of a job attempt: the Outcome, its Verdict, and how a handler's exception maps to one (classify)."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 from dataclasses import dataclass
-from typing import Any
+from enum import StrEnum
 
 from ringfence.errors import (
     ConfigError,
@@ -17,32 +16,37 @@ from ringfence.errors import (
     Permanent,
     RetryLater,
 )
-from ringfence.models import Fetched
 from ringfence.tasks import JobContext, Task
 
 
-@dataclass
-class Running:
-    job: Fetched
-    ctx: JobContext | None = None
-    task: asyncio.Task[None] | None = None
-    lost: bool = False       # the lease went to another attempt: record nothing
-    settled: bool = False    # an outcome was recorded (a sync handler's thread has returned by then)
-    started: float = 0.0     # monotonic time the handler started (0: it never did)
-    thread: asyncio.Future[Any] | None = None  # a sync handler's run in the pool
-    abandoned: bool = False  # shutdown left its thread running: the lease lapses, nothing is recorded
-    sweeping: bool = False   # settled, on its way to dead-letter: the heartbeat still renews its lease
+class Outcome(StrEnum):
+    """What becomes of a job attempt (the table in docs/architecture.md, "Outcomes")."""
+
+    ACK = "ack"              # done: acked (batched)
+    RETRY = "retry"          # failed, attempts left: back to ``scheduled`` after a backoff
+    DEAD = "dead"            # dead-letter, with a reason
+    REQUEUE = "requeue"      # not run, or deferred: back to the queue without burning an attempt
+    LOST = "lost"            # the lease went to another attempt: nothing is recorded
+    ABANDONED = "abandoned"  # shutdown left its thread running: the lease lapses, nothing is recorded
 
 
-@dataclass
-class Outcome:
-    kind: str                # ack | retry | dead | requeue | lost | abandoned
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """An attempt's outcome and what goes with it: the dead-letter reason, the error and traceback, the delay
+    of a retry or requeue, and the queue counter a requeue bumps."""
+
+    outcome: Outcome
     reason: str = ""
     error: str = ""
     tb: str = ""
     delay_s: float = 0.0
     counter: str = ""
     result: bytes | None = None  # ack of a task with store_result: the record to store before the ack
+
+    @property
+    def recorded(self) -> bool:
+        """Lost and abandoned attempts record nothing: another attempt, or the lease, decides."""
+        return self.outcome is not Outcome.LOST and self.outcome is not Outcome.ABANDONED
 
 
 def fence_outcome(exc: BaseException) -> str | None:
@@ -56,12 +60,12 @@ def fence_outcome(exc: BaseException) -> str | None:
     return None
 
 
-def dependency_ok(o: Outcome) -> bool | None:
+def dependency_ok(v: Verdict) -> bool | None:
     """Did the dependency work? Success yes; errors and timeouts no; a permanent or payload error, a
     deferral or a duplicate say nothing about it."""
-    if o.kind == "ack":
-        return o.reason != "duplicate" or None
-    if o.kind == "retry" or (o.kind == "dead" and o.reason == "max_attempts"):
+    if v.outcome is Outcome.ACK:
+        return v.reason != "duplicate" or None
+    if v.outcome is Outcome.RETRY or (v.outcome is Outcome.DEAD and v.reason == "max_attempts"):
         return False
     return None
 
@@ -73,21 +77,21 @@ def weighted_order(queues: list[tuple[str, int]], strict: bool) -> list[str]:
     return [q for q, _ in sorted(queues, key=lambda qw: -(random.random() ** (1.0 / qw[1])))]
 
 
-def classify(task: Task, ctx: JobContext, exc: BaseException, tb: str) -> Outcome:
-    """The outcome of a handler that raised ``exc`` (see the table in docs/architecture.md)."""
+def classify(task: Task, ctx: JobContext, exc: BaseException, tb: str) -> Verdict:
+    """The verdict on a handler that raised ``exc`` (see the table in docs/architecture.md)."""
     error = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, RetryLater):
-        return Outcome("requeue", delay_s=exc.delay_s, counter="deferred")
+        return Verdict(Outcome.REQUEUE, delay_s=exc.delay_s, counter="deferred")
     if isinstance(exc, FenceBusy):
-        return Outcome("ack", reason="duplicate", error=error)
+        return Verdict(Outcome.ACK, reason="duplicate", error=error)
     if isinstance(exc, InDoubt):
-        return Outcome("dead", "in_doubt", error, tb)
+        return Verdict(Outcome.DEAD, "in_doubt", error, tb)
     # A ConfigError (no fence database, complete(db) on another database) does not heal by retrying.
     if isinstance(exc, Permanent | PayloadError | ConfigError) or (task.permanent and isinstance(exc, task.permanent)):
-        return Outcome("dead", "permanent", error, tb)
+        return Verdict(Outcome.DEAD, "permanent", error, tb)
     if ctx.attempt >= ctx.max_attempts:
-        return Outcome("dead", "max_attempts", error, tb)
-    return Outcome("retry", "error", error, tb, delay_s=retry_delay(task, ctx.attempt, exc))
+        return Verdict(Outcome.DEAD, "max_attempts", error, tb)
+    return Verdict(Outcome.RETRY, "error", error, tb, delay_s=retry_delay(task, ctx.attempt, exc))
 
 
 def retry_delay(task: Task, attempt: int, exc: BaseException) -> float:

@@ -17,10 +17,24 @@ from ringfence.models import new_job_id
 from ringfence.redis.connect import login_refused, still_loading
 from ringfence.redis.connection import UNAVAILABLE, redact
 from ringfence.settings import WorkerSettings, check_name
+from ringfence.worker.acks import Acks
+from ringfence.worker.admit import Admission
+from ringfence.worker.calls import SyncRunner
 from ringfence.worker.durable import DurableSweep
+from ringfence.worker.fencing import Fencing
+from ringfence.worker.fetcher import Fetcher
+from ringfence.worker.gates import Gates
 from ringfence.worker.heartbeat import Heartbeat, ServerIdentity
 from ringfence.worker.maintenance import DeadRetention, Promoter, QueueSet, Recoverer, SchedulerLoop
+from ringfence.worker.observers import Observer, Observers
+from ringfence.worker.observers.alerts import UnreadableAlerts
+from ringfence.worker.observers.breakers import BreakerObserver
+from ringfence.worker.observers.failed_jobs import FailedJobsObserver
+from ringfence.worker.observers.hooks import DeadHooksObserver
+from ringfence.worker.observers.metrics import MetricsObserver
 from ringfence.worker.processor import Processor
+from ringfence.worker.runner import Runner
+from ringfence.worker.settle import Settler
 from ringfence.worker.supervisor import notify_supervisor
 
 log = logging.getLogger("ringfence.worker")
@@ -73,11 +87,28 @@ class Worker:
         self.queues_from_tasks = queues is None  # said at start: an operator may expect "every queue"
         self.alerts = alerts
         self.metrics = Metrics()
-        self.processor = Processor(app, self.broker, self.queues, concurrency=concurrency, strict=strict,
-                                   settings=self.settings, server_id=self.server_id,
-                                   on_restart_required=self._restart_required, max_wait=max_wait,
-                                   metrics=self.metrics)
+        self.processor = self._pipeline(max_wait)
         self._signals = 0
+
+    def _pipeline(self, max_wait: dict[str, float] | None) -> Processor:
+        """fetch → decode, refuse/defer → gate → run, classify → settle, with its observers (processor.py)."""
+        app, broker, s = self.app, self.broker, self.settings
+        gates = Gates(broker, s, app.queue_limits, app.breakers)
+        fencing = Fencing(app, broker, s, observe=self.metrics.fence_outcome)
+        watchers: list[Observer] = [MetricsObserver(self.metrics), BreakerObserver(gates)]
+        if app.fence_url:  # the failed-jobs table (opened on first use)
+            watchers.append(FailedJobsObserver(app, broker))
+        watchers += [DeadHooksObserver(app.dead_hooks), UnreadableAlerts(app, s.grace_s)]
+        observers = Observers(watchers)
+        pool = SyncRunner(self.concurrency)
+        fetcher = Fetcher(broker, self.server_id, self.queues, strict=self.strict, lease_s=s.lease_s,
+                          idle_s=s.heartbeat_s, max_wait=max_wait, stopping=asyncio.Event())
+        return Processor(
+            self.concurrency, fetcher, Admission(app.registry, broker.clock, s, fencing, observers), gates,
+            Runner(pool, broker.clock, fencing, observers, {}, self._restart_required),
+            Settler(broker, self.server_id, Acks(broker), fencing, observers, app.registry,
+                    durable=bool(app.fence_url)),
+            observers, pool)
 
     def _restart_required(self) -> None:
         self.exit_code = EXIT_RESTART
@@ -150,7 +181,7 @@ class Worker:
     def _live(self) -> dict[str, Any]:
         p = self.processor
         return {"running": sorted(p.running), "processed": p.processed, "failed": p.failed,
-                "duration_p95_s": p.metrics.duration_p95()}
+                "duration_p95_s": self.metrics.duration_p95()}
 
     async def run(self) -> int:
         await self._connect()
@@ -170,8 +201,8 @@ class Worker:
         loops = [heartbeat, Recoverer(self.broker, queue_set, s.recover_interval_s),
                  Promoter(self.broker, queue_set, s.promote_interval_s)]
         if self.app.failed_jobs is not None:  # rows a killed worker still owed (worker/durable.py)
-            loops.append(DurableSweep(self.app, self.broker, queue_set, max(1.0, s.recover_interval_s),
-                                      grace_s=max(5.0, 2 * s.lease_s)))
+            loops.append(DurableSweep(self.app.failed_jobs, self.broker, queue_set,
+                                      max(1.0, s.recover_interval_s), grace_s=max(5.0, 2 * s.lease_s)))
         if s.dead_retention_s is not None:
             loops.append(DeadRetention(self.broker, queue_set, s.dead_retention_s,
                                        interval_s=min(60.0, s.dead_retention_s / 2), failed_jobs=self.app.failed_jobs))

@@ -1,0 +1,87 @@
+"""Fetch: which queue first (weighted or strict, starving queues ahead), one script call for as many jobs as
+there are free slots, and the idle wait (pub/sub wake-ups, docs/architecture.md "Fetching without polling")."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ringfence.models import Fetched
+from ringfence.redis.broker import Broker
+from ringfence.redis.waker import Waker
+from ringfence.worker.outcomes import weighted_order
+
+log = logging.getLogger("ringfence.worker")
+
+
+class Fetcher:
+    def __init__(self, broker: Broker, server_id: str, queues: list[tuple[str, int]], *, strict: bool,
+                 lease_s: float, idle_s: float, max_wait: dict[str, float] | None, stopping: asyncio.Event) -> None:
+        self.broker, self.server_id, self.queues, self.strict = broker, server_id, queues, strict
+        self.lease_ms = int(lease_s * 1000)
+        self.idle_s = idle_s  # the fallback timer of an idle wait (heartbeat_s): covers a lost connection
+        self.max_wait = max_wait or {}  # queue -> starvation bound (s): served first once exceeded
+        self.stopping = stopping
+        self.waker = Waker(broker, server_id, [q for q, _ in queues])
+        self._seq = 0
+        self._starving: list[str] = []
+        self._starving_at = 0.0
+        self._unmark: asyncio.Task[None] | None = None
+
+    async def cycle(self, free: int, start: Callable[[Fetched], None]) -> None:
+        """Fetch up to ``free`` jobs and ``start`` each; with none ready, wait idle until woken."""
+        if await self.fetch(free, start):
+            return
+        if self._unmark is not None:
+            unmark, self._unmark = self._unmark, None
+            await unmark  # never let a late "busy" erase the new idle mark
+        await self.waker.mark_idle(self.idle_s + 1)
+        if not await self.fetch(free, start):
+            await self.until(self.waker.wait(self.idle_s))
+        # Clear the idle mark off the wake-up path: the next fetch need not wait for it.
+        self._unmark = asyncio.create_task(self.waker.mark_busy())
+
+    async def until(self, aw: Awaitable[Any]) -> None:
+        """Await ``aw`` unless the worker is asked to stop first."""
+        waiter = asyncio.ensure_future(aw)
+        stop = asyncio.ensure_future(self.stopping.wait())
+        await asyncio.wait({waiter, stop}, return_when=asyncio.FIRST_COMPLETED)
+        for t in (waiter, stop):
+            if not t.done():
+                t.cancel()
+        error = waiter.exception() if waiter.done() and not waiter.cancelled() else None
+        if error is not None:
+            raise error
+
+    async def order(self) -> list[str]:
+        order = weighted_order(self.queues, self.strict)
+        if not self.max_wait:
+            return order
+        now = self.broker.clock()
+        if now - self._starving_at > 500:  # checked twice a second at most: two reads per bounded queue
+            self._starving_at = now
+            self._starving = []
+            for queue, bound_s in self.max_wait.items():
+                oldest = await self.broker.oldest_enqueued_ms(queue)
+                if oldest is not None and now - oldest > bound_s * 1000:
+                    self._starving.append(queue)
+        return self._starving + [q for q in order if q not in self._starving]
+
+    async def fetch(self, free: int, start: Callable[[Fetched], None]) -> int:
+        now = self.broker.clock()
+        for queue in await self.order():
+            self._seq += 1
+            token = f"{self.server_id}.{self._seq}"
+            got = await self.broker.arun(self.broker.fetch(queue, free, now + self.lease_ms, token))
+            dangling = [job_id for job_id, _, attempt in got if attempt == 0]
+            if dangling:
+                got = [g for g in got if g[2] > 0]
+                log.error("queue %s: %d queued id(s) had no job record and were dropped (counted as "
+                          "'dangling'): %s", queue, len(dangling), " ".join(dangling[:10]))
+            for job_id, raw, attempt in got:
+                start(Fetched(job_id, queue, raw, attempt, token, now))
+            if got or dangling:
+                return len(got) or 1  # dangling only: fetch again at once, the queue may hold more
+        return 0

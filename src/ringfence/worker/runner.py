@@ -1,0 +1,92 @@
+"""Run → classify: one admitted job's handler under its time bound, and its verdict (with the result record of
+a task that stores results).
+
+Async handlers run on the event loop (``calls.call_async``); sync handlers on the job threads
+(``calls.call_sync``, the sync thread rule in docs/architecture.md). A job whose previous run in this process
+lost its lease but still holds a thread waits for that thread: never two runs of one job at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from ringfence import results
+from ringfence.errors import PayloadError
+from ringfence.tasks import JobContext, Task
+from ringfence.worker.admit import Admitted
+from ringfence.worker.calls import JobTimeout, SyncRunner, call_async, call_sync
+from ringfence.worker.observers import Observers
+from ringfence.worker.outcomes import Outcome, Verdict, classify
+from ringfence.worker.running import Running
+
+ACK = Verdict(Outcome.ACK)
+LOST = Verdict(Outcome.LOST)
+ABANDONED = Verdict(Outcome.ABANDONED)
+REQUEUED_ON_SHUTDOWN = Verdict(Outcome.REQUEUE, counter="requeued_on_shutdown")
+
+
+class Runner:
+    def __init__(self, pool: SyncRunner, clock: Callable[[], int], fencing: Any, observers: Observers,
+                 leftover: dict[str, Running], on_restart_required: Callable[[], None]) -> None:
+        self.pool, self.clock, self.fencing, self.observers = pool, clock, fencing, observers
+        self.leftover = leftover  # lost sync jobs whose thread still runs (the processor's table)
+        self.on_restart_required = on_restart_required  # a sync job outlived its timeout (exit 75)
+        self.threads: set[asyncio.Future[Any]] = set()  # sync handlers still running in the pool
+        self.shutting_down = False  # a cancelled job is then requeued, not an error
+
+    async def run(self, r: Running, a: Admitted) -> Verdict:
+        job, task, spec = r.job, a.task, a.spec
+        timeout_s = spec.timeout_ms / 1000 if spec.timeout_ms else task.options.timeout_s
+        r.started = time.monotonic()
+        self.observers.started(job, task, (self.clock() - spec.enqueued_ms) / 1000)
+        r.ctx = ctx = JobContext(
+            id=job.id, task=task.name, queue=job.queue, attempt=job.attempt,
+            max_attempts=spec.max_attempts or task.options.retry.max_attempts,
+            enqueued_ms=spec.enqueued_ms, token=job.token, timeout_s=timeout_s, fencing=self.fencing,
+            settling=a.settling, deadline=r.started + timeout_s,
+        )
+        try:
+            if task.is_async:
+                value = await call_async(task, ctx, a.args, a.kwargs, timeout_s)
+            else:
+                value = await self._sync(r, task, ctx, a.args, a.kwargs, timeout_s)
+        except asyncio.CancelledError:
+            if r.lost:
+                return LOST
+            if r.abandoned:
+                return ABANDONED
+            if self.shutting_down:
+                return REQUEUED_ON_SHUTDOWN
+            raise
+        except JobTimeout as exc:
+            return self._failed(task, ctx, TimeoutError(str(exc)), "")
+        except BaseException as exc:  # a handler's error of any kind is the job's outcome
+            return self._failed(task, ctx, exc, traceback.format_exc())
+        if task.store_result:
+            try:
+                return Verdict(Outcome.ACK, result=results.done_record(task, job.queue, value, self.clock()))
+            except PayloadError as exc:  # the effect happened: dead-letter keeps the job, retrying would repeat it
+                return Verdict(Outcome.DEAD, results.BAD_RESULT, f"job {job.id}: {exc}")
+        return ACK
+
+    async def _sync(self, r: Running, task: Task, ctx: JobContext, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    timeout_s: float) -> Any:
+        earlier = self.leftover.get(ctx.id)
+        if earlier is not None and earlier.thread is not None:
+            # This job's previous run (its lease lost) still runs in this process: never two at once.
+            await asyncio.wait([earlier.thread])
+
+        def on_thread(future: asyncio.Future[Any]) -> None:
+            r.thread = future
+            self.threads.add(future)
+            future.add_done_callback(self.threads.discard)
+
+        return await call_sync(self.pool, task, ctx, args, kwargs, timeout_s, on_thread=on_thread,
+                               on_overrun=self.on_restart_required)
+
+    def _failed(self, task: Task, ctx: JobContext, exc: BaseException, tb: str) -> Verdict:
+        self.observers.raised(exc)
+        return classify(task, ctx, exc, tb)

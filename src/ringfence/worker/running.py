@@ -1,0 +1,23 @@
+"""One attempt in flight: what the processor, the heartbeat and shutdown know about it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from ringfence.models import Fetched
+from ringfence.tasks import JobContext
+
+
+@dataclass
+class Running:
+    job: Fetched
+    ctx: JobContext | None = None
+    task: asyncio.Task[None] | None = None
+    lost: bool = False       # the lease went to another attempt: record nothing
+    settled: bool = False    # an outcome was recorded (a sync handler's thread has returned by then)
+    started: float = 0.0     # monotonic time the handler started (0: it never did)
+    thread: asyncio.Future[Any] | None = None  # a sync handler's run in the pool
+    abandoned: bool = False  # shutdown left its thread running: the lease lapses, nothing is recorded
+    sweeping: bool = False   # settled, on its way to dead-letter: the heartbeat still renews its lease

@@ -1,0 +1,110 @@
+"""Settle: record a verdict in Redis. Ack (batched, ``acks.py``; a stored result first), requeue, retry, or
+dead-letter (waking result waiters with the reason); a job
+leaving for dead-letter first has the fence steps it owns checked (a ``calling`` one is now in doubt, and so
+is the job), with its lease renewed meanwhile."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Protocol
+
+from ringfence import results
+from ringfence.faults import fault_point
+from ringfence.logs import JobLogger, job_logger
+from ringfence.models import DeadJob, Fetched
+from ringfence.redis.broker import Broker
+from ringfence.tasks import Registry
+from ringfence.worker.acks import Acks
+from ringfence.worker.observers import Observers
+from ringfence.worker.outcomes import Outcome, Verdict
+from ringfence.worker.running import Running
+
+
+class Leaving(Protocol):
+    """worker/fencing.py: the notes on the steps a dead job leaves behind (None: they could not be checked)."""
+
+    async def leaving(self, job: Fetched) -> tuple[list[str], bool] | None: ...
+
+
+class Settler:
+    def __init__(self, broker: Broker, server_id: str, acks: Acks, fencing: Leaving, observers: Observers,
+                 registry: Registry, durable: bool) -> None:
+        self.broker, self.server_id, self.acks, self.fencing = broker, server_id, acks, fencing
+        self.registry = registry  # a task's result_ttl_s and store_result
+        self.observers = observers
+        self.durable = durable  # a failed-jobs table exists: the dead-letter script marks its row owed
+        self.processed = 0
+        self.failed = 0
+
+    async def settle(self, r: Running, v: Verdict) -> None:
+        job, b = r.job, self.broker
+        r.settled = True
+        if r.started and job.spec is not None:
+            self.observers.finished(job.spec.task, job.queue, v.outcome, time.monotonic() - r.started)
+        if v.outcome is Outcome.ACK:
+            self.processed += 1
+            if v.reason == "duplicate":
+                job_log(r).info("job %s: %s; acked as a duplicate", job.id, v.error)
+            if v.result is not None:  # stored before the ack: a crash between them reruns the job, never loses it
+                task = self.registry.get(job.spec.task) if job.spec else None
+                await results.store(b, job.id, task, v.result)
+            self.acks.add(job.queue, job.id, job.token)
+            return
+        if v.outcome is Outcome.REQUEUE:
+            at = b.clock() + int(v.delay_s * 1000) if v.delay_s else 0
+            await b.arun(b.requeue(job.queue, job.id, job.token, at, v.counter))
+            return
+        self.failed += 1
+        entry = {"attempt": job.attempt, "error": v.error, "at": b.clock(), "worker": self.server_id}
+        if v.outcome is Outcome.RETRY:
+            job_log(r).warning("job %s attempt %d failed: %s; retry in %.1fs", job.id, job.attempt, v.error, v.delay_s)
+            await b.arun(b.retry(job.queue, job.id, job.token, b.clock() + int(v.delay_s * 1000), entry))
+            return
+        await self._dead(r, v, entry)
+
+    async def _dead(self, r: Running, v: Verdict, entry: dict[str, object]) -> None:
+        job, b = r.job, self.broker
+        task_name = job.spec.task if job.spec is not None else "?"
+        r.sweeping = True  # the lease is renewed while the steps are checked: a lapse would lose the dead-letter
+        try:
+            named = await self._leaving(job, v)
+            if named is None:
+                return  # not dead-lettered blind: the lease lapses and the next attempt does it again
+            v = named
+            fields = {"reason": v.reason, "error": v.error, "traceback": v.tb, "task": task_name, "queue": job.queue}
+            durable = job.spec is not None and self.durable
+            took = await b.arun(b.dead(job.queue, job.id, job.token, entry, fields, durable=durable))
+        finally:
+            r.sweeping = False
+        if not took:
+            job_log(r).warning("job %s: dead-letter [%s] refused: its lease had moved on; the attempt holding it now "
+                           "decides (it names the steps in doubt): %s", job.id, v.reason, v.error)
+            return
+        job_log(r).error("job %s (%s) -> dead-letter [%s]: %s", job.id, task_name, v.reason, v.error)
+        await results.store_failure(b, job.id, job.queue, self.registry.get(task_name), task_name, v.reason, v.error)
+        fault_point("after_dead_letter")  # a kill here leaves the failed_jobs row owed: the sweep writes it
+        spec = job.spec
+        dead = DeadJob(id=job.id, queue=job.queue, task=task_name, args=spec.args if spec else {},
+                       reason=v.reason, error=v.error, traceback=v.tb, attempts=job.attempt, died_ms=b.clock(),
+                       history=[])
+        await self.observers.dead(dead, spec)
+
+    async def _leaving(self, job: Fetched, v: Verdict) -> Verdict | None:
+        """Name the steps a dead job leaves behind; a ``calling`` one is now in doubt, and so is the job.
+        None: they could not be checked."""
+        left = await self.fencing.leaving(job)
+        if left is None:
+            return None
+        notes, in_doubt = left
+        if not notes:
+            return v
+        return replace(v, reason="in_doubt" if in_doubt else v.reason, error="; ".join([v.error, *notes]))
+
+
+def job_log(r: Running) -> JobLogger:
+    """A logger whose lines carry the job's id, task, queue, attempt and fence keys."""
+    if r.ctx is not None:
+        return job_logger(r.ctx)
+    job = r.job
+    return job_logger(job_id=job.id, task=job.spec.task if job.spec else None, queue=job.queue, attempt=job.attempt)
