@@ -419,3 +419,38 @@ async def test_results_on_a_cluster(cluster: Cluster) -> None:
     finally:
         await app.broker.aclose()
         app.close()
+
+
+def test_the_outbox_relay_on_a_cluster(cluster: Cluster, tmp_path: Path) -> None:
+    """relay.lua's keys (the queue's, its sent records) share one slot; the lease key is a namespace key; a
+    re-send after a crash between send and delete is refused on the cluster too."""
+    import sqlalchemy as sa
+
+    from ringfence import faults
+    from ringfence.outbox import create_outbox
+    from ringfence.outbox.relay import Relay
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path}/app.db")
+    create_outbox(engine)
+    app = App(cluster.url, f"t{uuid.uuid4().hex[:8]}", environment="test", fence_url=str(engine.url))
+
+    @app.task(name="a", queue="qa")
+    def a(ctx: Any, n: int) -> None: ...
+
+    @app.task(name="b", queue="qb")
+    def b(ctx: Any, n: int) -> None: ...
+
+    with engine.begin() as conn:
+        ids = [(a if n % 2 else b).enqueue_in(conn, n=n) for n in range(6)]
+
+    def crash(name: str) -> None:
+        if name == "relay_after_send":
+            raise faults.SimulatedKill(name)
+
+    with faults.inject(crash), pytest.raises(faults.SimulatedKill):
+        Relay(app, engine=engine).step()
+    again = Relay(app, engine=engine)
+    assert again.run(once=True) == 6 and again.counts.refused == 6
+    queued = {q: app.broker.sync.lrange(app.broker.keys.queue(q).pending, 0, -1) for q in ("qa", "qb")}
+    assert sorted(x.decode() for xs in queued.values() for x in xs) == sorted(ids)
+    app.broker.close()
