@@ -159,6 +159,7 @@ def test_two_relays_send_nothing_twice_and_one_takes_over_from_a_killed_one(db, 
     _check_once_in_order(rdb, namespace, committed | more | after, rolled_back | more_rolled_back | after_rolled_back)
     standby.send_signal(signal.SIGTERM)
     assert standby.wait(20) == 0
+    assert rdb.get(app.broker.keys.outbox_lease) is None  # released on the way out
 
 
 def test_workers_relay_under_one_lease(db, procs, rdb, redis_url, namespace) -> None:

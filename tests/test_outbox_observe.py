@@ -6,11 +6,12 @@ from __future__ import annotations
 import shlex
 
 import orjson
+import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
 import outbox_helpers
-from ringfence import App
+from ringfence import App, faults
 from ringfence.cli import main as cli
 from ringfence.doctor import Status, Thresholds, diagnose
 from ringfence.metrics import serve_exporter
@@ -82,10 +83,16 @@ def test_the_doctor_alerts_on_rows_waiting_too_long_and_its_remedy_drains_them(m
     assert [f.status for f in diagnose(app, NOW).by_check("outbox_lag")] == [Status.OK]
 
 
-def test_without_an_outbox_table_the_check_is_skipped(make_app, tmp_path) -> None:
-    app = make_app(fence_url=f"sqlite:///{tmp_path}/empty.db")
-    assert [f.status for f in diagnose(app, NOW).by_check("outbox_lag")] == [Status.SKIPPED]
-    assert outbox_lag(app) is None
+def test_without_an_outbox_table_or_a_database_the_check_is_skipped(make_app, tmp_path) -> None:
+    for app in (make_app(fence_url=f"sqlite:///{tmp_path}/empty.db"), make_app()):
+        assert [f.status for f in diagnose(app, NOW).by_check("outbox_lag")] == [Status.SKIPPED]
+        assert outbox_lag(app) is None
+    assert not (tmp_path / "ringfence.db").exists()
+
+
+def _crash_after_send(name: str) -> None:
+    if name == "relay_after_send":
+        raise faults.SimulatedKill(name)
 
 
 def test_the_exporter_serves_the_lag(make_app, db) -> None:
@@ -96,8 +103,11 @@ def test_the_exporter_serves_the_lag(make_app, db) -> None:
         got = scrape(server.server_port)
         assert got[("ringfence_outbox_waiting", ())] == 4 and got[("ringfence_outbox_up", ())] == 1
         assert 0 <= got[("ringfence_outbox_oldest_seconds", ())] < 60
-        Relay(app, engine=db).run(once=True)
+        with faults.inject(_crash_after_send), pytest.raises(faults.SimulatedKill):
+            Relay(app, engine=db).step()
+        Relay(app, engine=db).run(once=True)  # the four again: refused as sent before
         got = scrape(server.server_port)
         assert got[("ringfence_outbox_waiting", ())] == 0 and got[("ringfence_outbox_oldest_seconds", ())] == 0
+        assert got[("ringfence_queue_jobs_outbox_refused_total", (("queue", "orders"),))] == 4
     finally:
         server.shutdown()

@@ -4,6 +4,7 @@ the first copy already ran and was forgotten; the lease lets one relay send at a
 
 from __future__ import annotations
 
+import orjson
 import pytest
 import redis
 import sqlalchemy as sa
@@ -175,3 +176,72 @@ def test_a_durable_row_stays_until_a_replica_confirms(make_app, db, rdb, namespa
     with pytest.raises(NotReplicated):
         Relay(app, engine=db).run(once=True)
     assert [r["job_id"] for r in rows(db, namespace)] == [job_id]
+
+
+def test_a_delayed_job_keeps_its_time_and_a_held_id_or_unique_key_counts_as_sent(make_app, db, rdb,
+                                                                                 namespace) -> None:
+    app = _app(make_app, db)
+    charge = app.registry.get("charge")
+    taken = charge.with_options(job_id="held").enqueue(n=100)  # an id Redis already holds, another payload
+    first = charge.with_options(unique_for=60, unique_key="order:{n}").enqueue(n=7)
+    with db.begin() as conn:
+        delayed = charge.with_options(delay_s=60).enqueue_in(conn, n=1)
+        charge.with_options(job_id="held").enqueue_in(conn, n=2)
+        charge.with_options(unique_for=60, unique_key="order:{n}").enqueue_in(conn, n=7)
+    [row, *_] = rows(db, namespace)
+    relay = Relay(app, engine=db)
+    assert relay.run(once=True) == 3 and relay.counts.sent == 3 and rows(db, namespace) == []
+    k = app.broker.keys.queue("orders")
+    assert rdb.zscore(k.scheduled, delayed) == row["run_at_ms"]  # 60 s after enqueue_in, not after the relay
+    assert orjson.loads(rdb.hget(k.jobs, taken))["a"] == {"n": 100}  # the held id keeps its job
+    assert _pending(rdb, app, "orders") == [taken, first]  # no second job for the held id or the unique key
+
+
+def test_sent_records_a_crash_left_are_dropped_after_keep_s(make_app, db, rdb) -> None:
+    import time
+
+    app = _app(make_app, db)
+    _write(app, db, 2)
+    with _crash_at("relay_after_mark"), pytest.raises(faults.SimulatedKill):
+        Relay(app, engine=db, lease_s=0.05, keep_s=0.2).step()
+    sent = app.broker.keys.queue("orders").outbox_sent
+    assert rdb.zcard(sent) == 1
+    time.sleep(0.3)
+    _write(app, db, 2)
+    Relay(app, engine=db, lease_s=0.05, keep_s=0.2).run(once=True)
+    assert rdb.zcard(sent) == 0
+
+
+def test_the_application_writes_while_a_batch_is_being_sent(make_app, db, namespace) -> None:
+    """PostgreSQL and MariaDB (READ COMMITTED): the app's insert into the outbox does not wait for the relay's
+    locked batch. SQLite: the batch holds the database's write lock, so the app's write waits for it."""
+    import sqlite3
+    import threading
+    import time
+
+    app = _app(make_app, db)
+    _write(app, db, 2)
+    sending, done = threading.Event(), threading.Event()
+
+    def hook(name: str) -> None:
+        if name == "relay_after_send":
+            sending.set()
+            done.wait(3)
+
+    relay = threading.Thread(target=lambda: Relay(app, engine=db).step())
+    with faults.inject(hook):
+        relay.start()
+        assert sending.wait(10)
+        started = time.monotonic()
+        if db.dialect.name == "sqlite":
+            raw = sqlite3.connect(db.url.database, timeout=0.2)
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                app.registry.get("charge").enqueue_in(raw, n=99)
+                raw.commit()
+            raw.close()
+        else:
+            _write(app, db, 1)
+            assert time.monotonic() - started < 2  # did not wait for the relay's commit
+        done.set()
+        relay.join(10)
+    assert len(rows(db, namespace)) == (0 if db.dialect.name == "sqlite" else 1)

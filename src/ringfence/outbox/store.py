@@ -45,9 +45,7 @@ class Lag:
 
 
 def relay_engine(url: str) -> Engine:
-    """An engine for the relay: READ COMMITTED on MariaDB/MySQL (their REPEATABLE READ locks gaps)."""
-    if url.split("://", 1)[0].split("+")[0] in ("mysql", "mariadb"):
-        return make_engine(url, isolation_level="READ COMMITTED")
+    """The relay's own engine (its own pool: its batches never wait for the application's connections)."""
     return make_engine(url)
 
 
@@ -70,12 +68,16 @@ class OutboxStore:
         self.namespace = namespace
         self.table = outbox_table(MetaData(), table_name)
         self._sqlite = engine.dialect.name == "sqlite"
+        # MariaDB/MySQL's REPEATABLE READ would lock the gap after the batch: the application's inserts would
+        # wait for the relay's commit. READ COMMITTED locks the batch's rows only.
+        mysql = engine.dialect.name in ("mysql", "mariadb")
+        self._batches = engine.execution_options(isolation_level="READ COMMITTED") if mysql else engine
 
     @contextmanager
     def batch(self, limit: int) -> Iterator[Batch]:
         """The oldest ``limit`` waiting rows of this namespace, locked; commits when the block ends."""
         t = self.table
-        with self.engine.begin() as conn:
+        with self._batches.begin() as conn:
             if self._sqlite:  # a write first: takes the database's write lock for the whole batch
                 conn.execute(delete(t).where(t.c.id == -1))
             query = (select(t.c.id, t.c.job_id, t.c.queue, t.c.spec, t.c.run_at_ms, t.c.unique_key,
