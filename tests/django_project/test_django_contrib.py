@@ -179,6 +179,39 @@ def test_a_rolled_back_atomic_rolls_the_fence_completion_back(monkeypatch: pytes
     assert (row.state, charge_id(oid), jobs.psp.count()) == ("completed", row.reference, charges)
 
 
+# -- database connections of a job thread ---------------------------------------------------------
+
+
+def test_a_job_gets_a_new_connection_after_the_database_dropped_the_threads_one() -> None:
+    import psycopg
+    from django.db import connection
+    from shop.jobs import count_orders
+
+    from ringfence.testing import run_job
+
+    new_order()  # this thread's connection, as a job thread keeps it between jobs
+    pid = connection.connection.info.backend_pid
+    with psycopg.connect(f"postgresql://{connection.settings_dict['USER']}@127.0.0.1:5432/test",
+                         autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))  # a restart, a failover, an idle timeout
+    assert run_job(count_orders) >= 1  # closed as past CONN_MAX_AGE before the job, then opened afresh
+    assert connection.connection is None  # and closed after it, as at the end of a request
+
+
+def test_a_job_inside_an_atomic_block_keeps_its_connection() -> None:
+    from django.db import connection, transaction
+    from shop.jobs import count_orders
+    from shop.models import Order
+
+    from ringfence.testing import run_job
+
+    with transaction.atomic():  # a Django TestCase runs each test like this
+        Order.objects.create(amount=1)
+        seen = Order.objects.count()
+        assert run_job(count_orders) == seen  # the job saw the uncommitted order: same connection
+        assert connection.in_atomic_block and connection.connection is not None
+
+
 # -- the producer side: the outbox and enqueue_on_commit in Django's transactions ---------------------
 
 
@@ -370,8 +403,7 @@ def test_manage_py_ringfence_worker_runs_the_projects_jobs(django_project: dict[
     oid = new_order()
     env = {**os.environ, **django_project}
     manage = os.path.join(django_project["PYTHONPATH"], "manage.py")
-    worker = subprocess.Popen([sys.executable, manage, "ringfence", "worker", "-q", "default", "-c", "2", "-p", "2"],
-                              env=env,
+    worker = subprocess.Popen([sys.executable, manage, "ringfence", "worker", "-q", "default", "-c", "2"], env=env,
                               cwd=django_project["PYTHONPATH"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               start_new_session=True)
     try:
@@ -385,7 +417,7 @@ def test_manage_py_ringfence_worker_runs_the_projects_jobs(django_project: dict[
             worker.wait(10)
     listed = subprocess.run([sys.executable, "-m", "ringfence.cli", "fence", "list", "--app", command.ENTRY,
                              "--subject", f"order:{oid}", "--json"], env=env, cwd=django_project["PYTHONPATH"],
-                            capture_output=True, text=True, check=True)  # the plain CLI: the entry sets Django up
+                            capture_output=True, text=True, check=True)  # as worker -p N starts its children
     assert [r["state"] for r in json.loads(listed.stdout)] == ["completed"]
     usage = subprocess.run([sys.executable, manage, "ringfence", "--help"], env=env, capture_output=True, text=True,
                            cwd=django_project["PYTHONPATH"], check=True)

@@ -61,3 +61,9 @@ def charge_strict(ctx, order_id: int) -> None:
         ref = step.effect(lambda: psp.charge(1, idempotency_key=step.key))
         with step.complete(connection, result={"charge_id": ref}):
             Order.objects.filter(pk=order_id).update(charge_id=ref)
+
+
+@app.task
+def count_orders(ctx) -> int:
+    """A job that only reads through the ORM (the tests of connection handling)."""
+    return Order.objects.count()

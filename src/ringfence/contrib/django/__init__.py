@@ -26,6 +26,9 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -33,7 +36,7 @@ from urllib.parse import quote, urlencode
 from ringfence.app import App, load_app
 from ringfence.errors import ConfigError
 
-__all__ = ["Settings", "fence_url", "get_app", "make_app", "settings"]
+__all__ = ["DjangoApp", "Settings", "django_job", "fence_url", "get_app", "make_app", "settings"]
 
 KEYS = ("APP", "REDIS_URL", "NAMESPACE", "ENVIRONMENT", "DATABASE", "FENCE_URL")
 
@@ -118,9 +121,53 @@ def _ensure_django() -> None:
         django.setup()
 
 
-def make_app(**options: Any) -> App:
-    """An :class:`~ringfence.App` configured from ``settings.RINGFENCE``: its Redis URL, namespace, environment
-    and the Django database for the fence tables. ``options`` are passed to ``App`` as well
+def _close_stale_connections() -> None:
+    """What Django does around each request (``close_old_connections``): close the connections of this thread
+    that are broken or older than ``CONN_MAX_AGE`` — except one inside an atomic block (a test case's, or a
+    caller's), which is not ours to close."""
+    from django.db import connections
+
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close_if_unusable_or_obsolete()
+
+
+def django_job(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with stale Django connections closed before and after each call. A job thread lives for many
+    jobs and Django closes connections only at the end of a request: without this, a connection the database
+    dropped (a restart, a failover) would fail every later job of that thread. ``async def`` handlers are left
+    as they are (the ORM runs in their ``sync_to_async`` calls)."""
+    if inspect.iscoroutinefunction(fn):
+        return fn
+
+    @functools.wraps(fn)
+    def job(*args: Any, **kwargs: Any) -> Any:
+        _close_stale_connections()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _close_stale_connections()
+
+    return job
+
+
+class DjangoApp(App):
+    """An App whose sync handlers get Django's per-request connection handling (:func:`django_job`)."""
+
+    def task(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+        if fn is not None:
+            return super().task(django_job(fn), **options)
+        register = super().task(**options)
+        return lambda f: register(django_job(f))
+
+    def periodic(self, cron: str, **options: Any) -> Any:
+        register = super().periodic(cron, **options)
+        return lambda f: register(django_job(f))
+
+
+def make_app(**options: Any) -> DjangoApp:
+    """A :class:`DjangoApp` configured from ``settings.RINGFENCE``: its Redis URL, namespace, environment and
+    the Django database for the fence tables. ``options`` are passed to ``App`` as well
     (``worker=WorkerSettings(...)``, ``retry=...``, ...); a value given there wins over the setting."""
     _ensure_django()
     s = settings()
@@ -128,7 +175,7 @@ def make_app(**options: Any) -> App:
     options.setdefault("namespace", s.namespace)
     options.setdefault("environment", s.environment)
     options.setdefault("fence_url", fence_url())
-    return App(**options)
+    return DjangoApp(**options)
 
 
 def get_app() -> App:
