@@ -83,6 +83,12 @@ def test_a_wrong_setting_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch) -
         fence_url()
     with override_settings(RINGFENCE={"FENCE_URL": "sqlite:///x.db"}):
         assert fence_url() == "sqlite:///x.db"
+    monkeypatch.setitem(settings.DATABASES, "maria", {"ENGINE": "django.db.backends.mysql", "NAME": "shop",
+                                                      "USER": "app", "PASSWORD": "p@ss:word", "HOST": "db",
+                                                      "PORT": "3306", "OPTIONS": {"charset": "utf8mb4"}})
+    assert fence_url("maria") == "mysql+pymysql://app:p%40ss%3Aword@db:3306/shop?charset=utf8mb4"
+    monkeypatch.setitem(settings.DATABASES, "lite", {"ENGINE": "django.db.backends.sqlite3", "NAME": "/srv/db.sqlite3"})
+    assert fence_url("lite") == "sqlite:////srv/db.sqlite3"
 
 
 # -- migrations -------------------------------------------------------------------------------------
@@ -393,6 +399,10 @@ def test_call_command_passes_through_to_the_cli() -> None:
     with pytest.raises(CommandError) as refused:
         call_command("ringfence", "dead", "show", "no-such-job", stderr=err)
     assert refused.value.returncode == 2 and "not in dead-letter: no-such-job" in err.getvalue()
+    err = io.StringIO()
+    with pytest.raises(CommandError):  # an explicit --app wins over RINGFENCE["APP"]
+        call_command("ringfence", "fence", "list", "--app", "no_such_module:app", stderr=err)
+    assert "cannot import 'no_such_module'" in err.getvalue()
 
 
 def test_manage_py_ringfence_worker_runs_the_projects_jobs(django_project: dict[str, str]) -> None:
