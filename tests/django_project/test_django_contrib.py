@@ -218,6 +218,22 @@ def test_a_job_inside_an_atomic_block_keeps_its_connection() -> None:
         assert connection.in_atomic_block and connection.connection is not None
 
 
+def test_tasks_and_periodic_tasks_of_a_django_app_are_wrapped_sync_only() -> None:
+    from ringfence.contrib.django import make_app
+
+    app = make_app(namespace=f"w{uuid.uuid4().hex[:8]}")
+
+    def tick(ctx: Any) -> None: ...
+
+    async def atick(ctx: Any) -> None: ...
+
+    periodic = app.periodic("*/5 * * * *")(tick)
+    plain = app.task(name="plain")(tick)
+    direct = app.task(atick)
+    assert periodic.fn.__wrapped__ is tick and plain.fn.__wrapped__ is tick and direct.fn is atick
+    assert [p.task for p in app.periodics] == [periodic]
+
+
 # -- the producer side: the outbox and enqueue_on_commit in Django's transactions ---------------------
 
 
