@@ -102,3 +102,16 @@ def test_a_dbapi_connection(make_app, db, namespace) -> None:
 def test_something_else_is_refused_by_name(make_app) -> None:
     with pytest.raises(TypeError, match="cannot write through a str"):
         _app(make_app).registry.get("charge").enqueue_in("postgresql://", n=1)
+
+
+def test_a_database_without_the_outbox_table_is_named_with_the_fix(make_app, tmp_path) -> None:
+    from ringfence.errors import ConfigError
+
+    charge = _app(make_app).registry.get("charge")
+    engine = sa.create_engine(f"sqlite:///{tmp_path}/other.db")
+    with engine.connect() as conn, pytest.raises(ConfigError, match=r"has no ringfence_outbox table.*outbox init"):
+        charge.enqueue_in(conn, n=1)
+    raw = sqlite3.connect(tmp_path / "other.db")
+    with pytest.raises(ConfigError, match=r"sqlite3\.Connection passed has no ringfence_outbox table"):
+        charge.enqueue_in(raw, n=1)
+    raw.close()

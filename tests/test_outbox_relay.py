@@ -245,3 +245,16 @@ def test_the_application_writes_while_a_batch_is_being_sent(make_app, db, namesp
         done.set()
         relay.join(10)
     assert len(rows(db, namespace)) == (0 if db.dialect.name == "sqlite" else 1)
+
+
+def test_relay_once_without_redis_exits_3(make_app, db) -> None:
+    from click.testing import CliRunner
+
+    from ringfence.cli import main as cli
+    from ringfence.redis.embedded import free_port
+
+    app = _app(make_app, db)
+    env = {"RINGFENCE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "RINGFENCE_NAMESPACE": app.namespace,
+           "RINGFENCE_FENCE_URL": str(app.fence_url)}
+    res = CliRunner().invoke(cli, ["relay", "--once"], env=env)
+    assert res.exit_code == 3 and "another relay" not in res.output, res.output

@@ -140,7 +140,7 @@ class Relay:
         waited_since = time.monotonic()
         try:
             while not self.stop.is_set():
-                if not self._lead_or_report():
+                if not self._lead_or_report(once):
                     if once and time.monotonic() - waited_since > 2 * self.lease_s:
                         holder = redis_outbox.lease_holder(self.broker)
                         raise ConfigError(f"another relay holds the outbox lease ({holder}); it relays the rows")
@@ -167,10 +167,12 @@ class Relay:
                 log.warning("outbox relay: releasing the lease failed (%s)", exc)
         return total
 
-    def _lead_or_report(self) -> bool:
+    def _lead_or_report(self, once: bool) -> bool:
         try:
             return self.lead()
         except Exception as exc:
+            if once:  # --once: one clear error (Redis unreachable, refused login), not "another relay leads"
+                raise
             log.warning("outbox relay: cannot reach Redis for the lease (%s: %s)", type(exc).__name__, exc)
             self._leading = False
             return False

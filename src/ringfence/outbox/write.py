@@ -59,14 +59,41 @@ def statement(values: dict[str, Any]) -> Insert:
 def enqueue_in(task: Task, conn: Any, payload: Any, opts: EnqueueOptions) -> str:
     """Write the job into the outbox through ``conn``; return its id (the id it will have in Redis)."""
     values = row(task, payload, opts)
-    write(conn, values)
+    try:
+        write(conn, values)
+    except Exception as exc:
+        missing = _no_table(exc, conn)
+        if missing is None:
+            raise
+        raise missing from exc
     return str(values["job_id"])
 
 
 async def aenqueue_in(task: Task, conn: Any, payload: Any, opts: EnqueueOptions) -> str:
     values = row(task, payload, opts)
-    await awrite(conn, values)
+    try:
+        await awrite(conn, values)
+    except Exception as exc:
+        missing = _no_table(exc, conn)
+        if missing is None:
+            raise
+        raise missing from exc
     return str(values["job_id"])
+
+
+_MISSING = ("no such table", "does not exist", "doesn't exist", "undefinedtable")
+
+
+def _no_table(exc: Exception, conn: Any) -> ConfigError | None:
+    """"No outbox table in this database" as one line saying how to create it (the caller's transaction
+    is lost either way: the failed INSERT aborted it on PostgreSQL)."""
+    text = str(exc).lower()
+    if OUTBOX_TABLE not in text or not any(m in text for m in _MISSING):
+        return None
+    from ringfence.fence.complete import describe
+
+    return ConfigError(f"enqueue_in: {describe(conn)} has no {OUTBOX_TABLE} table; create it with "
+                       "`ringfence outbox init --app APP`, or `ringfence outbox ddl --dialect DIALECT` in a migration")
 
 
 def write(conn: Any, values: dict[str, Any]) -> None:
