@@ -51,9 +51,18 @@ def row(task: Task, payload: Any, opts: EnqueueOptions) -> dict[str, Any]:
             "unique_until_ms": until if ukey else None, "min_replicas": replicas or None}
 
 
-def statement(values: dict[str, Any]) -> Insert:
-    # inline: no RETURNING of the new id (nobody reads it; a raw DB-API cursor would leave it unread)
-    return insert(table()).values(**values, created_at=db_now()).inline()
+_VALUES = ("namespace", "job_id", "queue", "task", "spec", "run_at_ms", "unique_key", "unique_until_ms",
+           "min_replicas")
+_STATEMENT: list[Insert] = []
+_COMPILED: dict[tuple[str, str], Any] = {}
+
+
+def statement() -> Insert:
+    """The INSERT, built once (building it per call cost more than the round trip); values are parameters.
+    inline: no RETURNING of the new id (nobody reads it; a raw DB-API cursor would leave it unread)."""
+    if not _STATEMENT:
+        _STATEMENT.append(insert(table()).values(created_at=db_now()).inline())
+    return _STATEMENT[0]
 
 
 def enqueue_in(task: Task, conn: Any, payload: Any, opts: EnqueueOptions) -> str:
@@ -101,18 +110,17 @@ def write(conn: Any, values: dict[str, Any]) -> None:
     if _is_async(conn):
         raise TypeError(f"enqueue_in: {type(conn).__name__} is asynchronous: use `await task.aenqueue_in(conn, ...)`")
     if isinstance(conn, Connection | Session):
-        conn.execute(statement(values))
+        conn.execute(statement(), values)
         return
     if _is_django(conn):
-        sql, args = _compile(statement(values), _dialect(_DJANGO_DIALECTS.get(conn.vendor), conn.vendor), "format")
+        sql, args = _compiled(_DJANGO_DIALECTS.get(conn.vendor), conn.vendor, "format", values)
         with conn.cursor() as cur:
             cur.execute(sql, args)
         return
     if callable(getattr(conn, "cursor", None)) and callable(getattr(conn, "commit", None)):
         root = type(conn).__module__.split(".")[0]
         module = sys.modules.get(root)
-        dialect = _dialect(_DBAPI_DIALECTS.get(root), root)
-        sql, args = _compile(statement(values), dialect, str(getattr(module, "paramstyle", dialect.paramstyle)))
+        sql, args = _compiled(_DBAPI_DIALECTS.get(root), root, getattr(module, "paramstyle", None), values)
         cur = conn.cursor()
         try:
             cur.execute(sql, args)
@@ -127,7 +135,7 @@ async def awrite(conn: Any, values: dict[str, Any]) -> None:
     if not _is_async(conn):
         write(conn, values)  # a sync connection from async code: the caller's thread owns it
         return
-    await conn.execute(statement(values))
+    await conn.execute(statement(), values)
 
 
 def _is_async(conn: Any) -> bool:
@@ -149,11 +157,15 @@ def _dialect(name: str | None, what: str) -> Dialect:
     return dialect
 
 
-def _compile(stmt: Insert, dialect: Dialect, paramstyle: str) -> tuple[str, Any]:
-    """SQL text + parameters for a driver with the given DB-API paramstyle."""
-    dia = type(dialect)(paramstyle=paramstyle)  # type: ignore[call-arg]
-    compiled = stmt.compile(dialect=dia)
-    params = compiled.construct_params()
+def _compiled(name: str | None, what: str, paramstyle: str | None, values: dict[str, Any]) -> tuple[str, Any]:
+    """SQL text + parameters for a driver with the given DB-API paramstyle (compiled once per driver)."""
+    key = (what, str(paramstyle))
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        dialect = _dialect(name, what)
+        dia = type(dialect)(paramstyle=paramstyle or dialect.paramstyle)  # type: ignore[call-arg]
+        compiled = _COMPILED[key] = statement().compile(dialect=dia, column_keys=list(_VALUES))
+    params = compiled.construct_params(values)
     if compiled.positional:
-        return str(compiled), tuple(params[name] for name in compiled.positiontup or ())
+        return str(compiled), tuple(params[n] for n in compiled.positiontup or ())
     return str(compiled), params
