@@ -24,6 +24,7 @@ import pytest
 
 from ringfence import App, WorkerSettings
 from ringfence.redis.broker import Broker
+from ringfence.runtime import Runtime
 
 REQUIRE = os.environ.get("RINGFENCE_REQUIRE_SERVICES") == "1" or os.environ.get("CI") == "true"
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,6 +149,6 @@ class SimClock:
 
 def on_clock(app: App, clock: SimClock) -> App:
     """``app`` with its broker on ``clock`` instead of Redis's: its worker, producer and scheduler read that."""
-    app._broker = Broker(app.redis_url, app.namespace, clock=clock, connection=app.redis_settings,
-                         clients=app.redis_clients)
+    app.runtime = Runtime(app, broker=Broker(app.declared_redis_url or "", app.namespace, clock=clock,
+                                             connection=app.redis_settings, clients=app.redis_clients))
     return app

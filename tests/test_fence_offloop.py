@@ -12,6 +12,7 @@ import redis
 import sqlalchemy as sa
 
 from ringfence.redis.fence import RedisFenceStore
+from ringfence.runtime import Runtime
 from ringfence.worker.worker import Worker
 from support import wait_until
 
@@ -81,7 +82,7 @@ async def test_redis_fence_async_completion_runs_off_the_loop(make_app, redis_ur
     app = make_app()
     client = ThreadRecordingRedis.from_url(redis_url)
     client.threads = set()
-    app._redis_fence_store = RedisFenceStore(client, prefix=namespace)
+    app.runtime = Runtime(app, redis_fence_store=RedisFenceStore(client, prefix=namespace))
     loop_thread: list[int] = []
     completion_threads: set[int] = set()
 

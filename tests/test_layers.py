@@ -22,7 +22,7 @@ APPS = ("ringfence.demo",)  # the example application: user code, free to use ev
 LAYERS: list[tuple[str, ...]] = [
     ("ringfence.errors",),
     ("ringfence.faults", "ringfence.offloop", "ringfence.settings", "ringfence.models", "ringfence.logs",
-     "ringfence.fake_provider"),
+     "ringfence.fake_provider", "ringfence.notify"),
     ("ringfence.payloads", "ringfence.fence.model"),
     ("ringfence.redis", "ringfence.fence", "ringfence.tasks"),
     ("ringfence.client", "ringfence.scheduler", "ringfence.inspect", "ringfence.runtime", "ringfence.worker.loop",

@@ -6,9 +6,9 @@ One evaluator holds a Redis lease (``<ns>:alerts:leader``); workers running :cla
 and only the one that closes it (the condition is gone) announces the resolution: one alert per incident,
 whoever evaluates.
 
-Delivery, for each event: the log; every ``app.on_alert`` hook as ``hook(kind, message, details)`` with
-``details["status"]`` = ``"firing"`` or ``"resolved"``; and a webhook (JSON POST) from a background thread,
-retried with exponential backoff, so a slow endpoint never blocks a worker.
+Delivery, for each event, through the notifier (notify.py): the log; every ``app.on_alert`` hook as
+``hook(kind, message, details)`` with ``details["status"]`` = ``"firing"`` or ``"resolved"``; and a webhook
+(JSON POST) from a background thread, retried with exponential backoff, so a slow endpoint never blocks a worker.
 
 Example::
 
@@ -21,20 +21,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import queue
 import socket
-import threading
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
-
-import orjson
 
 from ringfence.app import App
 from ringfence.doctor import Context, Finding, Snapshot, Status, Thresholds, run_checks
 from ringfence.doctor.model import SEVERITY
 from ringfence.models import new_job_id
+from ringfence.notify import Notifier, WebhookSender
 from ringfence.redis import observe
 from ringfence.worker.loop import Loop
 
@@ -129,69 +124,17 @@ class AlertEvaluator:
         observe.release_lease(self.app.broker, self.owner)
 
 
-class WebhookSender:
-    """POSTs JSON from a daemon thread; each payload is retried with exponential backoff, then dropped
-    with an error log. ``send`` never blocks."""
-
-    def __init__(self, url: str, attempts: int = 5, backoff_s: float = 1.0, timeout_s: float = 5.0) -> None:
-        self.url, self.attempts, self.backoff_s, self.timeout_s = url, attempts, backoff_s, timeout_s
-        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="ringfence-webhook", daemon=True)
-        self._thread.start()
-
-    def send(self, payload: dict[str, Any]) -> None:
-        self._queue.put(payload)
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Deliver what is queued (up to ``timeout_s``), then stop the thread."""
-        self._queue.put(None)
-        self._thread.join(timeout_s)
-
-    def _run(self) -> None:
-        while (payload := self._queue.get()) is not None:
-            self._post(payload)
-
-    def _post(self, payload: dict[str, Any]) -> None:
-        body = orjson.dumps(payload, default=str)
-        delay = self.backoff_s
-        for attempt in range(1, self.attempts + 1):
-            req = urllib.request.Request(self.url, body, {"Content-Type": "application/json"}, method="POST")
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    if 200 <= resp.status < 300:
-                        return
-            except OSError as exc:  # URLError, HTTPError and timeouts are all OSErrors
-                log.warning("alert webhook attempt %d/%d failed: %s", attempt, self.attempts, exc)
-            if attempt < self.attempts:
-                time.sleep(delay)
-                delay *= 2
-        log.error("alert webhook gave up after %d attempts: %s", self.attempts, payload.get("key"))
+def notifier(app: App, rules: AlertRules) -> Notifier:
+    """The notifier of ``app`` with the webhook of ``rules`` (notify.py: the one way an alert is sent)."""
+    webhook = (WebhookSender(rules.webhook_url, rules.webhook_attempts, rules.webhook_backoff_s,
+                             rules.webhook_timeout_s) if rules.webhook_url else None)
+    return Notifier(app.alert_hooks, webhook)
 
 
-class Notifier:
-    """Delivers events to the log, the app's alert hooks and the webhook."""
-
-    def __init__(self, app: App, rules: AlertRules) -> None:
-        self.app = app
-        self.webhook = (WebhookSender(rules.webhook_url, rules.webhook_attempts, rules.webhook_backoff_s,
-                                      rules.webhook_timeout_s) if rules.webhook_url else None)
-
-    async def deliver(self, event: AlertEvent) -> None:
-        level = logging.WARNING if event.status == "firing" else logging.INFO
-        log.log(level, "ALERT %s [%s] %s", event.status, event.key, event.message)
-        if self.webhook is not None:
-            self.webhook.send({"kind": event.kind, "message": event.message, **event.details})
-        for hook in self.app.alert_hooks:
-            try:
-                result = hook(event.kind, event.message, event.details)
-                if asyncio.iscoroutine(result):
-                    await result
-            except Exception:
-                log.exception("alert hook %r failed", hook)
-
-    def close(self) -> None:
-        if self.webhook is not None:
-            self.webhook.close()
+async def deliver(notifier: Notifier, event: AlertEvent) -> None:
+    level = logging.WARNING if event.status == "firing" else logging.INFO
+    await notifier.alert(event.kind, event.message, event.details, level=level,
+                         line=f"ALERT {event.status} [{event.key}] {event.message}")
 
 
 class AlertLoop(Loop):
@@ -207,12 +150,12 @@ class AlertLoop(Loop):
         self.rules = rules or AlertRules()
         super().__init__(self.rules.interval_s)
         self.evaluator = AlertEvaluator(app, self.rules, owner)
-        self.notifier = Notifier(app, self.rules)
+        self.notifier = notifier(app, self.rules)
 
     async def tick(self) -> list[AlertEvent]:  # type: ignore[override]
         events = await asyncio.to_thread(self.evaluator.evaluate)
         for event in events:
-            await self.notifier.deliver(event)
+            await deliver(self.notifier, event)
         return events
 
     async def stop(self) -> None:

@@ -1,4 +1,5 @@
-"""The application object: settings, the task registry, and the producer API."""
+"""The application object: declarations only (settings, tasks, policies, hooks) and the producer API over its
+runtime (runtime.py), which is built from them on first use."""
 
 from __future__ import annotations
 
@@ -6,14 +7,16 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from ringfence.client import Client
 from ringfence.errors import ConfigError
 from ringfence.models import DeadJob
+from ringfence.notify import AlertHook
 from ringfence.oncommit import OnCommit
 from ringfence.redis.broker import Broker
 from ringfence.redis.connection import ConnectionSettings, RedisClients
+from ringfence.runtime import Runtime
 from ringfence.scheduler import Periodic
 from ringfence.settings import (
     BreakerPolicy,
@@ -26,13 +29,15 @@ from ringfence.settings import (
 )
 from ringfence.tasks import Registry, RetryDelay, Task, check_result_options, check_seconds, enqueue_options
 
+if TYPE_CHECKING:
+    from ringfence.fence.failed import FailedJobs
+    from ringfence.fence.store import FenceStore
+    from ringfence.redis.fence import RedisFenceStore
+
 log = logging.getLogger("ringfence")
 
 DeadHook = Callable[[DeadJob], Any]
-AlertHook = Callable[[str, str, dict[str, Any]], Any]
-DEFAULT_FENCE_URL = "sqlite:///ringfence.db"  # the fallback fence store, in the "default" environment only
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024  # a job is a message, not a file: every reader and replica copies it
-EMBEDDED = "embedded"  # App(redis_url="embedded"): a private embedded Redis (demos)
 _DEFAULT: Any = object()  # "use the app default", distinct from None ("off")
 
 
@@ -101,96 +106,64 @@ class App:
         self.periodics: list[Periodic] = []
         for name, policy in (retry_profiles or {}).items():
             self.retry_profile(name, policy)
-        self.client = Client(self)
         self.on_commit = OnCommit(self)  # jobs sent after a database commit (oncommit.py)
         self.dead_hooks: list[DeadHook] = []
         self.alert_hooks: list[AlertHook] = []
         self.alert_rules: Any = None  # ringfence.alerts.AlertRules for workers' alert loop; None: the defaults
-        self._broker: Broker | None = None
-        self._embedded: Any = None
-        self._fence_store: Any = None
-        self._redis_fence_store: Any = None
-        self._failed_jobs: Any = None
-        self._stores_lock = threading.Lock()
+        self._runtime: Runtime | None = None
+        self._runtime_lock = threading.Lock()
 
-    # -- wiring ---------------------------------------------------------------------------------
+    # -- the runtime (runtime.py): built from these declarations on first use -----------------
     @property
-    def redis_url(self) -> str:
-        if self._redis_url is None:
-            raise ConfigError("no Redis URL: pass App(redis_url=...) or --app, or set RINGFENCE_REDIS_URL "
-                              f"(App(redis_url={EMBEDDED!r}) starts a private embedded Redis, for demos)")
-        if self._redis_url == EMBEDDED:
-            from ringfence.redis.embedded import EmbeddedRedis
-
-            self._embedded = EmbeddedRedis.temporary()
-            self._redis_url = self._embedded.url
-            # Child processes (workers of a demo) share this server.
-            os.environ["RINGFENCE_REDIS_URL"] = self._redis_url
-            log.warning("started an embedded Redis at %s (for demos only)", self._redis_url)
+    def declared_redis_url(self) -> str | None:
         return self._redis_url
 
     @property
-    def broker(self) -> Broker:
-        if self._broker is None:
-            self._broker = Broker(self.redis_url, self.namespace, connection=self.redis_settings,
-                                  clients=self.redis_clients)
-        return self._broker
+    def runtime(self) -> Runtime:
+        """The live parts (broker, producer, fence stores, failed-jobs table, notifier), built on first use."""
+        if self._runtime is None:
+            with self._runtime_lock:  # a worker's first jobs may ask from several threads
+                if self._runtime is None:
+                    self._runtime = Runtime(self)
+        return self._runtime
+
+    @runtime.setter
+    def runtime(self, runtime: Runtime) -> None:
+        """Replace the runtime (tests: a broker on a simulated clock, ``Runtime(app, broker=...)``)."""
+        self._runtime = runtime
 
     @property
-    def fence_store(self) -> Any:
+    def redis_url(self) -> str:
+        return self.runtime.redis_url
+
+    @property
+    def broker(self) -> Broker:
+        return self.runtime.broker
+
+    @property
+    def client(self) -> Client:
+        return self.runtime.client
+
+    @property
+    def fence_store(self) -> FenceStore:
         """The SQL fence store (``fence_url``; without one, in the "default" environment only, SQLite
         ``./ringfence.db`` with its tables created)."""
-        if self._fence_store is None:
-            if not self.fence_url and self.environment != "default":
-                raise ConfigError(f"environment {self.environment!r} needs an explicit fence database: "
-                                  "App(fence_url=...) or RINGFENCE_FENCE_URL (the SQLite ./ringfence.db fallback is "
-                                  "for the default environment only)")
-            with self._stores_lock:  # the first jobs of a worker arrive together, from several threads
-                if self._fence_store is None:
-                    from ringfence.fence import FenceStore
+        return self.runtime.fence_store
 
-                    store = FenceStore(self.fence_url or DEFAULT_FENCE_URL)
-                    if store.engine.dialect.name == "sqlite":
-                        store.create_all()  # the embedded default needs no migration step
-                    self._fence_store = store  # published only once its tables exist
-        return self._fence_store
-
-    def fence_store_in_use(self) -> Any:
+    def fence_store_in_use(self) -> FenceStore | None:
         """The SQL fence store if this app has one (configured, opened, or the default file exists), else None.
         Never creates ``./ringfence.db``."""
-        if self._fence_store is None and not self.fence_url and (
-                self.environment != "default" or not os.path.exists(_sqlite_path(DEFAULT_FENCE_URL))):
-            return None  # outside the default environment there is no fallback store to look in
-        return self.fence_store
+        return self.runtime.fence_store_in_use()
 
     @property
-    def redis_fence_store(self) -> Any:
+    def redis_fence_store(self) -> RedisFenceStore:
         """Fences kept in Redis: for cheap effects where a lost key is acceptable, never for money."""
-        if self._redis_fence_store is None:
-            from ringfence.redis.fence import RedisFenceStore
-
-            self._redis_fence_store = RedisFenceStore(self.broker.sync, prefix=self.namespace)
-        return self._redis_fence_store
+        return self.runtime.redis_fence_store
 
     @property
-    def failed_jobs(self) -> Any:
+    def failed_jobs(self) -> FailedJobs | None:
         """The durable dead-letter table, when a fence database is configured; else None."""
-        if self._failed_jobs is None and self.fence_url:
-            engine = self.fence_store.engine
-            with self._stores_lock:
-                if self._failed_jobs is None:
-                    from ringfence.fence.failed import FailedJobs
-
-                    failed = FailedJobs(engine, namespace=self.namespace)
-                    if engine.dialect.name == "sqlite":
-                        failed.create_all()
-                    self._failed_jobs = failed
-        return self._failed_jobs
-
-    def prepare_fence_tables(self) -> None:
-        """Create a configured SQLite fence database's tables now (a worker at start), not in its first jobs."""
-        if self.fence_url and self.fence_url.startswith("sqlite"):
-            _ = self.fence_store, self.failed_jobs
+        return self.runtime.failed_jobs
 
     # -- declaration ----------------------------------------------------------------------------
     @overload
@@ -305,15 +278,9 @@ class App:
         return hook
 
     async def alert(self, kind: str, message: str, details: dict[str, Any]) -> None:
-        """Log the alert and run every hook; a failing hook is logged, never raised."""
-        log.error("ALERT [%s] %s", kind, message)
-        for hook in self.alert_hooks:
-            try:
-                result = hook(kind, message, details)
-                if hasattr(result, "__await__"):
-                    await result
-            except Exception:
-                log.exception("alert hook %r failed", hook)
+        """Send an alert through the runtime's notifier (notify.py): the log, every hook, the webhook of
+        ``alert_rules`` if set. A failing hook is logged, never raised."""
+        await self.runtime.notifier.alert(kind, message, details)
 
     def check(self, worker: WorkerSettings | None = None) -> None:
         """Check every task against the worker settings; raise one ConfigError listing all violations."""
@@ -357,10 +324,9 @@ class App:
         return found
 
     def close(self) -> None:
-        if self._broker is not None:
-            self._broker.close()
-        if self._embedded is not None:
-            self._embedded.stop()
+        """Close the runtime's connections (and stop its embedded Redis), if it was built."""
+        if self._runtime is not None:
+            self._runtime.close()
 
 
 def load_app(path: str) -> App:
@@ -381,7 +347,3 @@ def load_app(path: str) -> App:
     if not isinstance(app, App):
         raise ConfigError(f"--app {path!r}: {attr!r} in {module_name!r} is not a ringfence App")
     return app
-
-
-def _sqlite_path(url: str) -> str:
-    return url.removeprefix("sqlite:///")

@@ -19,7 +19,7 @@ from ringfence.fence.model import FenceState
 from ringfence.models import JobSpec
 
 if TYPE_CHECKING:
-    from ringfence.runtime import Runtime
+    from ringfence.runtime import Live
 
 log = logging.getLogger("ringfence.jobs")
 
@@ -54,7 +54,7 @@ class JobView:
         return found
 
 
-def find_job(app: Runtime, job_id: str) -> JobView | None:
+def find_job(app: Live, job_id: str) -> JobView | None:
     """The job with this id in any queue and state (dead included), or None."""
     broker = app.broker
     for queue in broker.queues():
@@ -77,7 +77,7 @@ def find_job(app: Runtime, job_id: str) -> JobView | None:
     return _finished(app, job_id) or _sql_only(app, job_id)
 
 
-def _finished(app: Runtime, job_id: str) -> JobView | None:
+def _finished(app: Live, job_id: str) -> JobView | None:
     """A job that left its queue with a stored result (done; or dead and then deleted or replayed away)."""
     from ringfence.redis import results as stored
 
@@ -93,7 +93,7 @@ def _finished(app: Runtime, job_id: str) -> JobView | None:
                    finished_ms=int(record.get("finished_ms", 0)))
 
 
-def _sql_only(app: Runtime, job_id: str) -> JobView | None:
+def _sql_only(app: Live, job_id: str) -> JobView | None:
     """A dead job kept only in the failed_jobs table (not replayed): Redis lost it."""
     failed = app.failed_jobs
     if failed is None:
@@ -121,7 +121,7 @@ def _fill(view: JobView, raw: bytes) -> None:
         view.traceback = str(last.get("traceback", "")) if isinstance(last, dict) else ""
 
 
-def browse(app: Runtime, queue: str, state: str, offset: int = 0, count: int = 50) -> list[JobView]:
+def browse(app: Live, queue: str, state: str, offset: int = 0, count: int = 50) -> list[JobView]:
     """One page of a queue's state: ids and scores from one range read, records of that page only."""
     broker = app.broker
     page = broker.page(queue, state, offset, count)
@@ -143,7 +143,7 @@ def _dead_view(dead: Any) -> JobView:
                    traceback=dead.traceback, died_ms=dead.died_ms, malformed=dead.malformed)
 
 
-def _owned_notes(app: Runtime, job_id: str) -> list[str]:
+def _owned_notes(app: Live, job_id: str) -> list[str]:
     """Steps past capture the job owns, its ``calling`` ones parked in doubt: one note each."""
     store = app.fence_store_in_use()
     if store is None:
@@ -161,7 +161,7 @@ def _owned_notes(app: Runtime, job_id: str) -> list[str]:
     return notes
 
 
-def cancel_job(app: Runtime, job_id: str) -> tuple[str, str]:
+def cancel_job(app: Live, job_id: str) -> tuple[str, str]:
     """Cancel a pending, scheduled, retrying or running job. Returns (queue, state it left); a job owning a
     step past capture goes to dead-letter (state then reads ``... -> dead``). Refuses an unknown or dead id."""
     job = find_job(app, job_id)
@@ -181,7 +181,7 @@ def cancel_job(app: Runtime, job_id: str) -> tuple[str, str]:
     return job.queue, left + (" -> dead" if notes else "")
 
 
-def purge_queue(app: Runtime, queue: str) -> tuple[int, int]:
+def purge_queue(app: Live, queue: str) -> tuple[int, int]:
     """Delete the pending jobs of ``queue`` (those queued when it starts), in bounded batches. Pending jobs
     that own a step past capture go to dead-letter instead. Returns (deleted, moved to dead-letter)."""
     broker = app.broker

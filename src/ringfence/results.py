@@ -33,7 +33,7 @@ from ringfence.settings import check_name
 
 if TYPE_CHECKING:
     from ringfence.redis.broker import Broker
-    from ringfence.runtime import Runtime
+    from ringfence.runtime import Live
     from ringfence.tasks import Task
 
 log = logging.getLogger("ringfence.results")
@@ -84,7 +84,7 @@ async def store_failure(broker: Broker, job_id: str, queue: str, task: Task | No
         log.warning("job %s: its failure record was not stored (%s); waiters read the dead-letter entry", job_id, exc)
 
 
-def read(app: Runtime, job_id: str) -> dict[str, Any] | None:
+def read(app: Live, job_id: str) -> dict[str, Any] | None:
     """The stored record of ``job_id`` (done or dead), or None."""
     raw = stored.read(app.broker, job_id)
     return None if raw is None else _record(raw)
@@ -108,7 +108,7 @@ def _outcome(job_id: str, record: dict[str, Any]) -> Any:
 class _Waiter:
     """What result() and aresult() share: where the job is, and when to give up."""
 
-    def __init__(self, app: Runtime, job_id: str, timeout: float | None) -> None:
+    def __init__(self, app: Live, job_id: str, timeout: float | None) -> None:
         check_name("job id", job_id)
         if timeout is not None and not timeout >= 0:
             raise ConfigError(f"timeout={timeout!r} must be >= 0 seconds (or None: no limit)")
@@ -181,7 +181,7 @@ class _Waiter:
         return max(0.01, min(self.step_s, left))
 
 
-def result(app: Runtime, job_id: str, timeout: float | None = None) -> Any:
+def result(app: Live, job_id: str, timeout: float | None = None) -> Any:
     """The return value of job ``job_id``, waiting up to ``timeout`` seconds (None: no limit)."""
     w = _Waiter(app, job_id, timeout)
     b = app.broker
@@ -199,7 +199,7 @@ def result(app: Runtime, job_id: str, timeout: float | None = None) -> Any:
             return _outcome(job_id, record)
 
 
-async def aresult(app: Runtime, job_id: str, timeout: float | None = None) -> Any:
+async def aresult(app: Live, job_id: str, timeout: float | None = None) -> Any:
     """:func:`result` for asyncio (locating the job, once, reads Redis synchronously: a round trip per queue)."""
     w = _Waiter(app, job_id, timeout)
     b = app.broker

@@ -7,9 +7,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ringfence.app import App
 from ringfence.errors import FencedOut
 from ringfence.fence import DbRetry, Fences, FenceState, Owner
 from ringfence.fence.dbretry import is_transient
@@ -20,13 +19,27 @@ from ringfence.redis.connection import UNAVAILABLE
 from ringfence.settings import WorkerSettings
 from ringfence.tasks import JobContext
 
+if TYPE_CHECKING:
+    from ringfence.fence.store import FenceStore
+    from ringfence.redis.fence import RedisFenceStore
+
 log = logging.getLogger("ringfence.worker")
 
 
+class FenceStores(Protocol):
+    """The fence stores of a runtime (runtime.py), opened on first use."""
+
+    @property
+    def fence_store(self) -> FenceStore: ...
+    @property
+    def redis_fence_store(self) -> RedisFenceStore: ...
+    def fence_store_in_use(self) -> FenceStore | None: ...
+
+
 class Fencing:
-    def __init__(self, app: App, broker: Broker, settings: WorkerSettings,
+    def __init__(self, stores: FenceStores, broker: Broker, settings: WorkerSettings,
                  observe: Callable[[str, str], None] | None = None) -> None:
-        self.app = app
+        self.stores = stores
         self.broker = broker
         self.settings = settings
         self.observe = observe  # fence outcomes, for metrics
@@ -37,10 +50,10 @@ class Fencing:
                      observe=self.observe, settle_only=ctx.settling, deadline=ctx.deadline, budget_s=ctx.timeout_s)
 
     def sql(self, ctx: JobContext) -> Fences:
-        return Fences(self.app.fence_store, self.owner(ctx))
+        return Fences(self.stores.fence_store, self.owner(ctx))
 
     def redis(self, ctx: JobContext) -> Fences:
-        return Fences(self.app.redis_fence_store, self.owner(ctx))
+        return Fences(self.stores.redis_fence_store, self.owner(ctx))
 
     def alive(self, job_id: str, token: str) -> bool:
         """Does attempt ``token`` of job ``job_id`` still hold a live lease, in any queue?"""
@@ -54,7 +67,7 @@ class Fencing:
         Asked only off the happy path (a job refused at fetch)."""
         if refused != "max_attempts" or job.attempt != max_attempts + 1:
             return False
-        store = self.app.fence_store_in_use()
+        store = self.stores.fence_store_in_use()
         if store is None:
             return False
         try:
@@ -72,7 +85,7 @@ class Fencing:
         every step it owns past capture or in doubt is named. A step held by another live attempt is left alone.
         Returns the notes and whether a step is in doubt; None when the steps could not be checked (Redis or
         the database did not answer within the retries): the job must not be dead-lettered blind."""
-        store = self.app.fence_store_in_use()
+        store = self.stores.fence_store_in_use()
         if store is None:
             return [], False
         try:

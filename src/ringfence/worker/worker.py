@@ -76,7 +76,8 @@ class Worker:
         self.concurrency = concurrency
         self.strict = strict
         self.server_id = f"{socket.gethostname()}.{os.getpid()}.{new_job_id()[:6]}"
-        self.broker = app.broker
+        self.runtime = app.runtime  # the live parts; each component below gets the one it needs
+        self.broker = self.runtime.broker
         self.exit_code = 0
         unknown = sorted(set(max_wait or {}) - {q for q, _ in self.queues})
         if unknown:
@@ -92,13 +93,13 @@ class Worker:
 
     def _pipeline(self, max_wait: dict[str, float] | None) -> Processor:
         """fetch → decode, refuse/defer → gate → run, classify → settle, with its observers (processor.py)."""
-        app, broker, s = self.app, self.broker, self.settings
+        app, rt, broker, s = self.app, self.runtime, self.broker, self.settings
         gates = Gates(broker, s, app.queue_limits, app.breakers)
-        fencing = Fencing(app, broker, s, observe=self.metrics.fence_outcome)
+        fencing = Fencing(rt, broker, s, observe=self.metrics.fence_outcome)
         watchers: list[Observer] = [MetricsObserver(self.metrics), BreakerObserver(gates)]
-        if app.fence_url:  # the failed-jobs table (opened on first use)
-            watchers.append(FailedJobsObserver(app, broker))
-        watchers += [DeadHooksObserver(app.dead_hooks), UnreadableAlerts(app, s.grace_s)]
+        if rt.fence_url:  # the failed-jobs table (opened on first use)
+            watchers.append(FailedJobsObserver(rt, broker))
+        watchers += [DeadHooksObserver(app.dead_hooks), UnreadableAlerts(rt.notifier, s.grace_s)]
         observers = Observers(watchers)
         pool = SyncRunner(self.concurrency)
         fetcher = Fetcher(broker, self.server_id, self.queues, strict=self.strict, lease_s=s.lease_s,
@@ -107,7 +108,7 @@ class Worker:
             self.concurrency, fetcher, Admission(app.registry, broker.clock, s, fencing, observers), gates,
             Runner(pool, broker.clock, fencing, observers, {}, self._restart_required),
             Settler(broker, self.server_id, Acks(broker), fencing, observers, app.registry,
-                    durable=bool(app.fence_url)),
+                    durable=bool(rt.fence_url)),
             observers, pool)
 
     def _restart_required(self) -> None:
@@ -185,7 +186,7 @@ class Worker:
 
     async def run(self) -> int:
         await self._connect()
-        await asyncio.to_thread(self.app.prepare_fence_tables)  # not raced by the first jobs
+        await asyncio.to_thread(self.runtime.prepare_fence_tables)  # not raced by the first jobs
         names = [q for q, _ in self.queues]
         await self._register(names)
         for name, task in sorted(self.app.registry.tasks.items()):
@@ -200,12 +201,13 @@ class Worker:
         heartbeat = Heartbeat(self.broker, s, self.identity(), names, self.processor, self._live)
         loops = [heartbeat, Recoverer(self.broker, queue_set, s.recover_interval_s),
                  Promoter(self.broker, queue_set, s.promote_interval_s)]
-        if self.app.failed_jobs is not None:  # rows a killed worker still owed (worker/durable.py)
-            loops.append(DurableSweep(self.app.failed_jobs, self.broker, queue_set,
+        failed_jobs = self.runtime.failed_jobs
+        if failed_jobs is not None:  # rows a killed worker still owed (worker/durable.py)
+            loops.append(DurableSweep(failed_jobs, self.broker, queue_set,
                                       max(1.0, s.recover_interval_s), grace_s=max(5.0, 2 * s.lease_s)))
         if s.dead_retention_s is not None:
             loops.append(DeadRetention(self.broker, queue_set, s.dead_retention_s,
-                                       interval_s=min(60.0, s.dead_retention_s / 2), failed_jobs=self.app.failed_jobs))
+                                       interval_s=min(60.0, s.dead_retention_s / 2), failed_jobs=failed_jobs))
         if self.scheduler:
             from ringfence.scheduler import Scheduler
 
