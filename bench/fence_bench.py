@@ -38,6 +38,7 @@ from sqlalchemy.engine import Engine, make_url
 from ringfence.app import App
 from ringfence.redis.broker import Broker
 from ringfence.tasks import JobContext, Task
+from ringfence.worker.fencing import Fencing
 
 
 class FenceSizes(Protocol):  # read-only: the bench's Sizes is a frozen dataclass
@@ -76,7 +77,9 @@ STEP = "noop"
 # -- the handlers (registered by bench.ringfence_bench.build_app) --------------------------------------------
 def _engine(ctx: JobContext) -> Engine:
     """The fence store's own engine: the fence table lives in the database the job writes to."""
-    engine: Engine = ctx.fencing.app.fence_store.engine
+    fencing = ctx.fencing
+    assert isinstance(fencing, Fencing), "runs in a worker"
+    engine: Engine = fencing.stores.fence_store.engine
     return engine
 
 

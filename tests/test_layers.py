@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ringfence.errors",),
     ("ringfence.faults", "ringfence.offloop", "ringfence.settings", "ringfence.models", "ringfence.logs",
      "ringfence.fake_provider", "ringfence.notify"),
-    ("ringfence.payloads", "ringfence.fence.model"),
+    ("ringfence.payloads", "ringfence.fence.model", "ringfence.fence_api"),
     ("ringfence.redis", "ringfence.fence", "ringfence.tasks"),
     ("ringfence.client", "ringfence.scheduler", "ringfence.inspect", "ringfence.runtime", "ringfence.worker.loop",
      "ringfence.outbox", "ringfence.oncommit"),

@@ -25,7 +25,9 @@
         ├── FenceConflict      same fence key, different parameters
         ├── FencedOut          a write from a run that lost ownership (stale epoch)
         ├── FenceBusy          another live run owns the key
-        └── InDoubt            the effect may have happened and cannot be resolved automatically
+        ├── InDoubt            the effect may have happened and cannot be resolved automatically
+        ├── SettleOnly         a settling run (attempts used up by orphaned runs) may not start an effect
+        └── ReconcileTimeout   the reconcile hook did not answer within its bound
 
 This module imports nothing of ours.
 """

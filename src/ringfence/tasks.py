@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from ringfence.errors import ConfigError, PayloadError
+from ringfence.fence_api import Fence, FenceWiring
 from ringfence.models import Prepared
 from ringfence.payloads import PayloadCodec, Upcaster
 from ringfence.settings import TaskOptions
@@ -246,12 +247,12 @@ class JobContext:
     token: str
     timeout_s: float = 300.0
     cancelled: threading.Event = field(default_factory=threading.Event)
-    fencing: Any = None  # the worker's fence wiring; None outside a worker
+    fencing: FenceWiring | None = None  # the worker's fence wiring (worker/fencing.py); None outside a worker
     fence_key: str | None = None  # the latest fence opened ("subject/step"), stamped on log lines
     settling: bool = False  # attempts used up by orphaned runs: only steps in doubt may be settled
     deadline: float | None = None  # time.monotonic() when the worker stops this attempt (its timeout)
 
-    def fence(self, subject: str, step: str, **options: Any) -> Any:
+    def fence(self, subject: str, step: str, **options: Any) -> Fence:
         """A fence on (business id, step) in the SQL store: ``with``/``async with ctx.fence(...) as step``.
         Options: params, provider_dedup, key_window_s, reconcile, retention_s (see docs/fences.md)."""
         if self.fencing is None:
@@ -259,7 +260,7 @@ class JobContext:
         self.fence_key = f"{subject}/{step}"
         return self.fencing.sql(self).open(subject, step, **options)
 
-    def redis_fence(self, subject: str, step: str, **options: Any) -> Any:
+    def redis_fence(self, subject: str, step: str, **options: Any) -> Fence:
         """The same API with the fence kept in Redis (SET NX + TTL): for cheap effects only, never money."""
         if self.fencing is None:
             raise ConfigError("this job context has no fence wiring (it was not created by a worker)")

@@ -14,6 +14,7 @@ from ringfence import jobs
 from ringfence.dashboard import actions, views
 from ringfence.dashboard.page import Dashboard
 from ringfence.dashboard.security import Guard
+from ringfence.inspect import queue_gauges
 from ringfence.redis.admin import STATES
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def build(app: App, *, read_only: bool, token: str | None, authorize: Any, redac
         found, next_offset = _scan(app, queue, state, offset, flt)
         return d.render(request, "browse.html", page="jobs", queue=queue, state=state, jobs=found, flt=flt,
                         offset=offset, next_offset=next_offset, states=STATES,
-                        paused=app.broker.queue_counts(queue)["paused"])
+                        paused=queue_gauges(app.broker, queue)["paused"])
 
     def fences(request: Request) -> Response:
         replay = request.query_params.get("replay", "")

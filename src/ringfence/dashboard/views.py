@@ -6,6 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ringfence.dashboard.charts import buckets, line_chart
+from ringfence.inspect import queue_gauges
 
 if TYPE_CHECKING:
     from ringfence.app import App
@@ -17,17 +18,15 @@ def overview(app: App) -> dict[str, Any]:
     minute = now // 60_000
     rows, total = [], {}  # type: ignore[var-annotated]
     for q in broker.queues():
-        c = broker.queue_counts(q)
+        g = queue_gauges(broker, q)
         mins = broker.minutes(q)
         for key, v in mins.items():  # counts add up over queues; latency: the worst queue
             total[key] = max(total.get(key, 0), v) if key.startswith("l") else total.get(key, 0) + v
-        oldest = c["oldest_enqueued_ms"]
         rows.append({
-            "queue": q, "pending": c["pending"], "active": c["active"], "scheduled": c["scheduled"],
-            "retry": c["retry"], "dead": c["dead"], "paused": c["paused"],
+            **{k: g[k] for k in ("queue", "pending", "active", "scheduled", "retry", "dead", "paused")},
             "processed_min": mins.get(f"p{minute - 1}", 0), "failed_min": mins.get(f"f{minute - 1}", 0),
-            "processed": c["stats"].get("processed", 0), "failed": c["stats"].get("failed", 0),
-            "latency_s": round(max(0.0, (now - oldest) / 1000), 1) if oldest is not None else 0.0,
+            "processed": g["stats"].get("processed", 0), "failed": g["stats"].get("failed", 0),
+            "latency_s": round(g["latency_s"], 1),
         })
     charts = []
     for label, minutes, step, left in (("last hour", 60, 1, "-60 min"), ("last day", 1440, 15, "-24 h")):

@@ -26,6 +26,7 @@ from ..errors import FencedOut, FenceError
 from ..faults import fault_point
 from ..fence.model import COMPLETABLE, FenceRow, FenceState, Owner, provider_key
 from ..offloop import in_thread
+from .keys import fence_key
 
 _CAPTURE = """
 -- KEYS[1]  the fence hash
@@ -103,9 +104,8 @@ class RedisFenceStore:
         self._read = self.redis.register_script(_READ)
 
     def key(self, subject: str, step: str) -> str:
-        """The Redis key of a fence: the subject's length first, so no two (subject, step) pairs share a key
-        (``order:1`` + ``refund:charge`` vs ``order:1:refund`` + ``charge``) and the key stays readable."""
-        return f"{self.prefix}:fence:{len(subject)}:{subject}:{step}"
+        """The Redis key of a fence (redis/keys.py: ``fence_key``)."""
+        return fence_key(self.prefix, subject, step)
 
     def _get(self, subject: str, step: str) -> tuple[int, FenceRow | None]:
         now, flat = self._read(keys=[self.key(subject, step)])

@@ -52,6 +52,8 @@ class Keys:
         self.meta = f"{n}:meta"          # hash: env, created
         self.dependencies = f"{n}:dependencies"  # set: every dependency with a circuit breaker
         self.outbox_lease = f"{n}:outbox_lease"  # string: the outbox relay holding the lease (one at a time)
+        self.alerts = f"{namespace}:alerts"  # hash: incident key -> JSON (since, message, status) (redis/observe.py)
+        self.alerts_leader = f"{namespace}:alerts:leader"  # string: the alert evaluator holding the lease
         self._cache: dict[str, QueueKeys] = {}
 
     def breaker(self, dependency: str) -> BreakerKeys:
@@ -94,3 +96,10 @@ class Keys:
             )
             self._cache[name] = keys
         return keys
+
+
+def fence_key(prefix: str, subject: str, step: str) -> str:
+    """string: one fence kept in Redis (redis/fence.py). The subject's length comes first, so no two (subject,
+    step) pairs share a key (``order:1`` + ``refund:charge`` vs ``order:1:refund`` + ``charge``) and the key
+    stays readable."""
+    return f"{prefix}:fence:{len(subject)}:{subject}:{step}"

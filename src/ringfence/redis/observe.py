@@ -108,17 +108,17 @@ def expired_leases(broker: Broker, queue: str) -> tuple[int, float]:
 
 # -- alert state -----------------------------------------------------------------------------------
 def _alerts_key(broker: Broker) -> str:
-    return f"{broker.keys.ns}:alerts"
+    return broker.keys.alerts
 
 
 def acquire_lease(broker: Broker, owner: str, ttl_s: float) -> bool:
     """Take or renew the alert evaluator lease; True while ``owner`` holds it."""
-    key = f"{broker.keys.ns}:alerts:leader"
+    key = broker.keys.alerts_leader
     return broker.run(Call("lease", [key], [owner, max(1, int(ttl_s * 1000))], bool), report=False)
 
 
 def release_lease(broker: Broker, owner: str) -> None:
-    key = f"{broker.keys.ns}:alerts:leader"
+    key = broker.keys.alerts_leader
     broker.run(Call("lease", [key], [owner, 0], bool), report=False)
 
 
