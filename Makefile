@@ -28,6 +28,7 @@ test-topology: setup
 lint: setup
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_layers.py  # the import contract: layers, no cycle
 
 bench: setup
 	$(BIN)/python -m bench $(BENCH_ARGS)

@@ -106,7 +106,6 @@ class App:
         self.periodics: list[Periodic] = []
         for name, policy in (retry_profiles or {}).items():
             self.retry_profile(name, policy)
-        self.on_commit = OnCommit(self)  # jobs sent after a database commit (oncommit.py)
         self.dead_hooks: list[DeadHook] = []
         self.alert_hooks: list[AlertHook] = []
         self.alert_rules: Any = None  # ringfence.alerts.AlertRules for workers' alert loop; None: the defaults
@@ -143,6 +142,11 @@ class App:
     @property
     def client(self) -> Client:
         return self.runtime.client
+
+    @property
+    def on_commit(self) -> OnCommit:
+        """Jobs sent after a database commit (oncommit.py), and the ones Redis did not take."""
+        return self.runtime.on_commit
 
     @property
     def fence_store(self) -> FenceStore:

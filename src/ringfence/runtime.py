@@ -1,5 +1,5 @@
-"""The live parts an App's declarations run on, built explicitly from them: the broker (Redis), the producer,
-the SQL and Redis fence stores, the failed-jobs table and the notifier.
+"""The live parts an App's declarations run on, built explicitly from them: the broker (Redis), the producer
+(and its after-commit jobs), the SQL and Redis fence stores, the failed-jobs table and the notifier.
 
 ``App`` holds declarations only (tasks, policies, hooks, settings). ``app.runtime`` builds this object on
 first use (a producer's first enqueue, a worker's start, a CLI command) and every part of it is typed; the
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ringfence.client import Client
 from ringfence.errors import ConfigError
 from ringfence.notify import AlertHook, Notifier, WebhookSender
+from ringfence.oncommit import OnCommit
 from ringfence.redis.broker import Broker
 from ringfence.redis.connection import ConnectionSettings, RedisClients
 from ringfence.settings import WorkerSettings
@@ -77,6 +78,7 @@ class Runtime:
         self._declared_url, self._redis_clients = app.declared_redis_url, app.redis_clients
         self._broker = broker
         self.client = Client(self)  # needs no Redis until it enqueues (the outbox and on-commit checks never do)
+        self.on_commit = OnCommit(self)  # jobs sent after a database commit, and the ones kept unsent
         rules = app.alert_rules
         webhook = (WebhookSender(rules.webhook_url, rules.webhook_attempts, rules.webhook_backoff_s,
                                  rules.webhook_timeout_s) if rules is not None and rules.webhook_url else None)

@@ -1,5 +1,7 @@
-"""Where the broker and the fence meet: each attempt owns its fences under its lease token, and
-"is the owner alive" is answered by the owner's lease in Redis."""
+"""Where the broker and the fence meet. A job's fences are owned by its attempt (its lease token), and "is the
+owner alive" is answered by the owner's lease in Redis. Off the happy path: a job whose attempts were used up
+by orphaned runs gets one settling run (``settles``), and a job leaving for dead-letter has the steps it owns
+named, a ``calling`` one parked in doubt (``leaving``)."""
 
 from __future__ import annotations
 
