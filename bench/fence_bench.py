@@ -104,6 +104,27 @@ async def fenced_async(ctx: JobContext, run: str, n: int) -> None:
             pass
 
 
+def fenced_sync_dedup(ctx: JobContext, run: str, n: int) -> None:
+    """``fenced_sync`` for a provider that deduplicates by the key (``provider_dedup=True``): the step is captured
+    already ``calling`` (one statement less; docs/fences.md)."""
+    with ctx.fence(f"{run}:order:{n}", STEP, params={"n": n}, provider_dedup=True, key_window_s=3600) as step:
+        if step.done:
+            return
+        step.effect(lambda: f"noop-{n}")
+        with step.complete(_engine(ctx)):
+            pass
+
+
+async def fenced_async_dedup(ctx: JobContext, run: str, n: int) -> None:
+    """``fenced_async`` with ``provider_dedup=True``."""
+    async with ctx.fence(f"{run}:order:{n}", STEP, params={"n": n}, provider_dedup=True, key_window_s=3600) as step:
+        if step.done:
+            return
+        await step.effect(lambda: f"noop-{n}")
+        async with step.complete(_engine(ctx)):
+            pass
+
+
 def noop_sync(ctx: JobContext, run: str, n: int) -> None:
     """The plain ``sync def`` no-op the sync fenced drain is compared with (same payload)."""
 
@@ -116,6 +137,8 @@ KINDS = {  # kind -> (fenced task, plain task)
     "sync": ("bench.fenced_sync", "bench.noop_sync"),
     "async": ("bench.fenced_async", "bench.noop_async"),
 }
+# Counted in-process only (round trips, transactions, latency alone), not drained.
+DEDUP_KINDS = {"sync_dedup": fenced_sync_dedup, "async_dedup": fenced_async_dedup}
 
 
 # -- a private database ----------------------------------------------------------------------------------
@@ -165,7 +188,9 @@ def mysql_wire_trace() -> Iterator[list[str]]:
     def counted(self: Any, command: int, sql: Any) -> Any:
         text_ = sql.decode(errors="replace") if isinstance(sql, bytes) else str(sql)
         label = _statement(text_) if command == 3 else f"(command {command})"  # 3: COM_QUERY
-        trips.append(label if label in ("COMMIT", "ROLLBACK") else label + " …")  # no autocommit: all in a transaction
+        # A statement on an autocommit connection outside a transaction is a transaction of its own (no " …").
+        alone = bool(getattr(self, "autocommit_mode", False)) and not (self.server_status & 1)  # SERVER_STATUS_IN_TRANS
+        trips.append(label if label in ("COMMIT", "ROLLBACK") or alone else label + " …")
         return real(self, command, sql)
 
     Connection._execute_command = counted
@@ -327,11 +352,17 @@ def in_process(bench: Bench, fence_url: str, prefix: str, jobs: int) -> dict[str
     from ringfence.testing import TestFencing
 
     app = bench.build_app(fence_url)
+    queue = app.registry.get(KINDS["sync"][0]).options.queue  # type: ignore[union-attr]
+    names = {kind: fenced for kind, (fenced, _) in KINDS.items()}
+    for kind, fn in DEDUP_KINDS.items():
+        names[kind] = f"bench.{fn.__name__}"
+        if app.registry.get(names[kind]) is None:
+            app.task(name=names[kind], queue=queue)(fn)
     fencing = TestFencing(app)
     engine = app.fence_store.engine
     out: dict[str, Any] = {}
     try:
-        for kind, (fenced_name, _) in KINDS.items():
+        for kind, fenced_name in names.items():
             task = app.registry.get(fenced_name)
             assert task is not None
             run = f"{prefix}-inproc-{kind}"
@@ -404,9 +435,10 @@ def fig_fence(bench: Bench, base_url: str) -> None:
         store.create_all()
         say(f"  private database {make_url(url).database}; subjects {prefix}-*:order:<n>")
         r.update(in_process(bench, url, prefix, s.fence_alone))
-        for kind in KINDS:
+        for kind in (*KINDS, *DEDUP_KINDS):
             say(f"  one {kind} fenced job: {r[f'fence_{kind}_round_trips']} round trips, "
-                f"{r[f'fence_{kind}_alone_ms']:.2f} ms alone")
+                f"{r[f'fence_{kind}_xacts']} transactions ({r[f'fence_{kind}_transactions']}); rerun "
+                f"{r[f'fence_{kind}_rerun_round_trips']} round trip(s); {r[f'fence_{kind}_alone_ms']:.2f} ms alone")
         bench.reset()
         bench.worker_env = {"RINGFENCE_FENCE_URL": url}
         try:

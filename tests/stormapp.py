@@ -38,10 +38,14 @@ def engine():
     return app.fence_store.engine
 
 
+def _record_connection_id(dbapi_conn, record) -> None:
+    effects.sadd(CONN_IDS, dbapi_conn.thread_id())
+
+
 if engine().dialect.name in ("mysql", "mariadb"):
-    @event.listens_for(engine(), "connect")
-    def _record_connection_id(dbapi_conn, record) -> None:
-        effects.sadd(CONN_IDS, dbapi_conn.thread_id())
+    # The fence's own statements run on a pool of their own (autocommit): both pools are attacked.
+    for pooled in {engine(), app.fence_store.auto}:
+        event.listen(pooled, "connect", _record_connection_id)
 
 
 def provider_charge(key: str, order_id: int) -> str:

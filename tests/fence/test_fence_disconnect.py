@@ -55,7 +55,7 @@ class Killer:
         dbapi = conn.connection.dbapi_connection
         if self.mode == "before":
             self.kill(dbapi)
-        elif getattr(dbapi, "autocommit", False) is True:  # a write in autocommit: no COMMIT to wait for
+        elif outside_transaction(dbapi):  # a write in autocommit: no COMMIT to wait for
             dbapi.cursor().execute(statement, params)  # the write is now durable ...
             self.kill(dbapi)  # ... and the answer to the very same statement never arrives
         else:
@@ -86,6 +86,15 @@ class Killer:
             deadline = time.monotonic() + 5
             while c.execute(sa.text(gone), {"id": pid}).scalar() and time.monotonic() < deadline:
                 time.sleep(0.01)
+
+
+def outside_transaction(dbapi: Any) -> bool:
+    """An autocommit connection with no explicit transaction open (psycopg: the completion switches the flag on
+    and sends its own BEGIN, so the flag alone does not say it)."""
+    if getattr(dbapi, "autocommit", False) is not True:
+        return False
+    info = getattr(dbapi, "info", None)
+    return info is None or info.transaction_status == 0  # psycopg: idle
 
 
 def is_write(statement: str) -> bool:

@@ -11,9 +11,15 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager, contextmanager
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+    suppress,
+)
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, Update
 from sqlalchemy.engine import Dialect
@@ -99,16 +105,72 @@ async def anaming_databases(inner: AbstractAsyncContextManager[Any], db: Any, ta
         raise wrong from exc
 
 
-def _begin(db: Engine, stmt: Bound, stale: Stale) -> tuple[AbstractContextManager[Connection], Connection]:
+def _begin(db: Engine, stmt: Bound, stale: Stale) -> tuple[AbstractContextManager[Any], Connection]:
     """Begin a transaction on ``db`` and run the fence's UPDATE as its first statement."""
-    tx = db.begin()
-    conn = tx.__enter__()
+    tx: Any = _PgBegin(db) if db.dialect.driver == "psycopg" else db.begin()
     try:
-        _check(conn.execute(stmt.stmt, stmt.params).rowcount, stale)
+        conn = tx.__enter__()
+        rowcount = tx.first(stmt) if isinstance(tx, _PgBegin) else conn.execute(stmt.stmt, stmt.params).rowcount
+        _check(rowcount, stale)
     except BaseException:
         tx.__exit__(*sys.exc_info())
         raise
     return tx, conn
+
+
+class _PgBegin:
+    """``engine.begin()`` for psycopg, with ``BEGIN`` sent in the round trip of the fence's UPDATE.
+
+    psycopg sends ``BEGIN`` in a round trip of its own before a transaction's first statement (also in pipeline
+    mode). Here the driver connection is switched to autocommit (a client-side flag) and ``BEGIN`` + the UPDATE
+    go out in one pipeline: one round trip, and the transaction is as explicit as before. The flag is switched
+    back once the transaction ended; a connection where that fails is invalidated, never pooled in autocommit."""
+
+    def __init__(self, db: Engine) -> None:
+        self.conn = db.connect()
+        self.raw: Any = None
+
+    def __enter__(self) -> Connection:
+        return self.conn
+
+    def first(self, stmt: Bound) -> int:
+        conn = self.conn
+        raw: Any = conn.connection.dbapi_connection
+        self.raw = raw
+        raw.autocommit = True
+        try:
+            with raw.pipeline():
+                raw.execute("BEGIN")
+                result = conn.execute(stmt.stmt, stmt.params)
+        except DBAPIError:
+            raise
+        except conn.dialect.loaded_dbapi.Error as exc:  # raised when the pipeline synced, outside execute()
+            conn._handle_dbapi_exception(exc, str(stmt.stmt), stmt.params, None, None)  # raises DBAPIError
+        return int(result.context.cursor.rowcount)
+
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Literal[False]:
+        try:
+            if et is None:
+                self.conn.commit()
+            else:
+                self.conn.rollback()
+        finally:
+            self._restore()
+            self.conn.close()
+        return False
+
+    def _restore(self) -> None:
+        raw = self.raw
+        if raw is None:
+            return
+        try:
+            if not raw.closed and raw.info.transaction_status == 0:  # idle: the transaction ended
+                raw.autocommit = False
+                return
+        except Exception:  # a broken connection: invalidated below
+            pass
+        with suppress(Exception):  # already invalidated or closed: it will not be pooled
+            self.conn.invalidate()
 
 
 def _confirm(exc: BaseException, committed: Committed | None) -> bool:

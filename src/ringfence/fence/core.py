@@ -61,6 +61,10 @@ class Core:
         self.done = False  # completed on an earlier run
         self.replay = False  # in doubt, provider dedups, window open: call again with the same key
         self.completed = False  # completed by this run
+        # Captured already `calling` (capture and mark calling in one statement; see _premark): until this run
+        # starts its effect (`called`), a failed block puts the row back to claimed and a clean one completes it.
+        self.premarked = False
+        self.called = False
 
     @property
     def row(self) -> FenceRow:
@@ -98,12 +102,21 @@ class Core:
         args = (self.subject, self.step, self.owner, self.phash, self.opts.retention_s)
         both = getattr(self.store, "capture_or_get", None)
         if both is not None:
-            found: tuple[FenceRow | None, bool] = both(*args)
+            request = dumps(self.opts.params) if self._premark() else None
+            found: tuple[FenceRow | None, bool] = both(*args, request=request)
+            self.premarked = found[1] and request is not None
             return found
         row = self.store.capture(*args)
         if row is not None:
             return row, True
         return self.store.get(self.subject, self.step), False
+
+    def _premark(self) -> bool:
+        """Capture as ``calling`` (one statement less) only where a step left calling by a dead owner is
+        resolved as a takeover would: the provider dedups by the key, so the in-doubt rule replays the stored
+        request with the same key. A strict step keeps its own ``calling`` commit right before the call, so a
+        crash before it stays a safe takeover instead of in doubt. Never on a settling run (no new effect)."""
+        return self.opts.provider_dedup and not self.owner.settle_only
 
     def _rerun(self, row: FenceRow) -> object | None:
         if row.params_hash != self.phash:
@@ -231,8 +244,14 @@ class Core:
             self.store.renew(self.subject, self.step, row.epoch, self.owner.lease_s)
             return None
         body = dumps(self.opts.params if request is None else request)
-        self.store.mark_calling(self.subject, self.step, row.epoch, body, self.owner.lease_s)
-        self._row = replace(row, state=FenceState.CALLING, request=body)  # as written; no read-back
+        if self.premarked and not self.called:  # captured as calling with the params as its request
+            if body != row.request:
+                self.store.set_request(self.subject, self.step, row.epoch, body)  # type: ignore[attr-defined]
+                self._row = replace(row, request=body)
+        else:
+            self.store.mark_calling(self.subject, self.step, row.epoch, body, self.owner.lease_s)
+            self._row = replace(row, state=FenceState.CALLING, request=body)  # as written; no read-back
+        self.called = True
         fault_point("after_calling")
         return None
 
@@ -251,9 +270,18 @@ class Core:
     def completion_args(self, result: Any) -> tuple[int, str | None]:
         if self.done or self.completed:
             raise FenceError(f"{self._where()} is already completed")
-        if self.row.state is FenceState.CALLING:
+        if self.row.state is FenceState.CALLING and not self._unstarted():
             raise FenceError(f"{self._where()}: the effect's outcome is unknown; cannot complete")
         return self.row.epoch, None if result is None else dumps(result)
+
+    def _unstarted(self) -> bool:
+        """Captured as calling and no effect started by this run: nothing left the network."""
+        return self.premarked and not self.called and self.row.state is FenceState.CALLING
+
+    def completion_states(self) -> dict[str, Any]:
+        """Extra arguments for the store's completion: a step captured as calling that called nothing completes
+        from calling (this run knows nothing left); every other step from claimed or effected."""
+        return {"states": (FenceState.CALLING, FenceState.EFFECTED)} if self._unstarted() else {}
 
     def settled(self) -> bool:
         """Nothing for :meth:`exit` to write (never opened, done on an earlier run, or completed by this one)."""
@@ -265,12 +293,15 @@ class Core:
             return
         if exc is None:
             _, result = self.completion_args(None)
-            self.store.complete(self.subject, self.step, self.row.epoch, result)
+            self.store.complete(self.subject, self.step, self.row.epoch, result, **self.completion_states())
             self.completed = True
         elif isinstance(exc, Exception) and self.row.state is FenceState.CLAIMED:
             # Nothing left the network: let a retry take over at once. Any other state keeps
             # its lease and its row (an exception after `calling` never unlocks anything).
             self.store.release(self.subject, self.step, self.row.epoch)
+        elif isinstance(exc, Exception) and self._unstarted():
+            # Captured as calling, but this run never started its effect: back to claimed, lease over.
+            self.store.unmark(self.subject, self.step, self.row.epoch)  # type: ignore[attr-defined]
 
 
 _LOST_RACE: Final = object()

@@ -168,3 +168,25 @@ def _rollback_if_open(dbapi_conn: Any, record: Any, state: Any) -> None:
     status = getattr(dbapi_conn, "server_status", None)
     if not isinstance(status, int) or status & _IN_TRANS:
         dbapi_conn.rollback()
+
+
+def skip_idle_ends(engine: Engine) -> None:
+    """An autocommit PyMySQL engine: SQLAlchemy still ends each use with ``rollback()``, which PyMySQL always sends
+    (a round trip). Send COMMIT / ROLLBACK only when the server said a transaction is open."""
+    dialect: Any = engine.dialect
+    real_commit, real_rollback = dialect.do_commit, dialect.do_rollback
+
+    def do_commit(dbapi_conn: Any) -> None:
+        if _open(dbapi_conn):
+            real_commit(dbapi_conn)
+
+    def do_rollback(dbapi_conn: Any) -> None:
+        if _open(dbapi_conn):
+            real_rollback(dbapi_conn)
+
+    dialect.do_commit, dialect.do_rollback = do_commit, do_rollback
+
+
+def _open(dbapi_conn: Any) -> bool:
+    status = getattr(getattr(dbapi_conn, "dbapi_connection", dbapi_conn), "server_status", None)
+    return not isinstance(status, int) or bool(status & _IN_TRANS)

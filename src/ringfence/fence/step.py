@@ -204,7 +204,8 @@ class Step(_StepView):
         Yields what to write through (a Connection for an Engine, else ``db`` itself).
         """
         core = self._core
-        with core.store.completion(db, core.subject, core.step, *core.completion_args(result)) as conn:
+        with core.store.completion(db, core.subject, core.step, *core.completion_args(result),
+                                   **core.completion_states()) as conn:
             yield conn
         core.completed = True
 
@@ -239,7 +240,8 @@ class AsyncStep(_StepView):
         to its thread) runs them on the loop's thread.
         """
         core = self._core
-        async with core.store.acompletion(db, core.subject, core.step, *core.completion_args(result)) as conn:
+        async with core.store.acompletion(db, core.subject, core.step, *core.completion_args(result),
+                                          **core.completion_states()) as conn:
             yield conn
         core.completed = True
 

@@ -31,6 +31,7 @@ from sqlalchemy import (
     and_,
     case,
     delete,
+    event,
     func,
     or_,
     select,
@@ -41,7 +42,7 @@ from sqlalchemy.exc import IntegrityError
 from ..errors import FencedOut, FenceError
 from ..faults import fault_point
 from . import complete as _complete
-from .dbretry import DEFAULT_RETRY, DbRetry, make_engine, retrying, watch_disconnects
+from .dbretry import DEFAULT_RETRY, DbRetry, make_engine, retrying, skip_idle_ends, watch_disconnects
 from .model import COMPLETABLE, FenceRow, FenceState, Owner, provider_key
 from .schema import DEFAULT_TABLE, create_tables, db_now, db_now_plus, fence_table
 from .statements import Statements, where
@@ -70,6 +71,14 @@ class FenceStore:
         # (MySQL drivers send no BEGIN, and switching autocommit there costs a round trip each way).
         self._pg = self.engine.dialect.name == "postgresql"
         self.auto: Engine = self.engine.execution_options(isolation_level="AUTOCOMMIT") if self._pg else self.engine
+        self._auto1 = self._pg  # single-statement writes in autocommit (one round trip each)
+        if not self._pg and isinstance(engine_or_url, str) and "pymysql" in self.engine.dialect.driver:
+            # PyMySQL would send `SET autocommit` each way on a shared pool: a small pool of its own, opened in
+            # autocommit, for the fence's own single statements (statement alone instead of statement + COMMIT).
+            self.auto = make_engine(engine_or_url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10)
+            skip_idle_ends(self.auto)
+            self._auto1 = True
+            event.listen(self.engine, "engine_disposed", lambda _engine: self.auto.dispose())
 
     def _read(self, fn: Callable[[Connection], T]) -> T:
         def attempt(_retried: bool) -> T:
@@ -86,7 +95,7 @@ class FenceStore:
 
     def _write1(self, what: str, fn: Callable[[Connection, bool], T]) -> T:
         """Like :meth:`_write`, for ``fn`` that writes with ONE statement (atomic alone): autocommit where cheap."""
-        if not self._pg:
+        if not self._auto1:
             return self._write(what, fn)
 
         def attempt(retried: bool) -> T:
@@ -157,30 +166,42 @@ class FenceStore:
         row, fresh = self.capture_or_get(subject, step, owner, phash, retention_s)
         return row if fresh else None
 
-    def capture_or_get(self, subject: str, step: str, owner: Owner, phash: str,
-                       retention_s: float | None) -> tuple[FenceRow | None, bool]:
+    def capture_or_get(self, subject: str, step: str, owner: Owner, phash: str, retention_s: float | None,
+                       request: str | None = None) -> tuple[FenceRow | None, bool]:
         """INSERT the fence (epoch 1, claimed), or read the row holding the key: ``(row, True)`` when this call
         inserted it, ``(existing row, False)`` when the key exists, ``(None, False)`` when the row vanished (or, on
         PostgreSQL, was inserted by another run after this statement began): the caller tries again.
 
         A retried INSERT whose first try committed finds the row too: the caller sees its own (job id, token)
-        and continues as its owner."""
+        and continues as its owner.
+
+        With ``request`` the row is inserted already ``calling`` with that request (capture and mark calling in
+        one statement)."""
         values = {"v_subject": subject, "v_step": step, "v_owner_job_id": owner.job_id,
                   "v_owner_token": owner.token, "v_lease_s": float(owner.lease_s), "v_params_hash": phash,
                   "v_provider_key": provider_key(subject, step), "v_retention_s": retention_s}
-        mine = FenceRow(subject=subject, step=step, state=FenceState.CLAIMED, epoch=1, owner_job_id=owner.job_id,
+        state = FenceState.CLAIMED if request is None else FenceState.CALLING
+        if request is not None:
+            values["v_request"] = request
+        mine = FenceRow(subject=subject, step=step, state=state, epoch=1, owner_job_id=owner.job_id,
                         owner_token=owner.token, params_hash=phash, provider_key=provider_key(subject, step),
-                        retention_s=retention_s, lease_live=True)  # what we write; the timestamps stay in the db
+                        request=request, retention_s=retention_s, lease_live=True)  # as written; times stay in the db
         if self._pg:  # one statement, one round trip, either way
-            m = self._write1("fence capture", lambda conn, _r: conn.execute(self.stmts.pg_capture, values)
-                             .mappings().one())
+            pg = self.stmts.pg_capture if request is None else self.stmts.pg_capture_calling
+            m = self._write1("fence capture", lambda conn, _r: conn.execute(pg, values).mappings().one())
             if m["fresh"]:
                 return mine, True
             return (None if m["id"] is None else _row(m)), False
 
+        if self._returning():  # MariaDB: one statement, one round trip, either way
+            mc = self.stmts.maria_capture if request is None else self.stmts.maria_capture_calling
+            m = self._write1("fence capture", lambda conn, _r: conn.execute(mc, values).mappings().one())
+            return (mine, True) if m["fresh"] else (_row(m), False)
+        ins = self.stmts.insert if request is None else self.stmts.insert_calling
+
         def attempt(conn: Connection, _retried: bool) -> tuple[FenceRow | None, bool]:
             try:
-                conn.execute(self.stmts.insert, values)
+                conn.execute(ins, values)
             except IntegrityError:
                 # Portable unique-violation handling: read the row in the same transaction (a failed INSERT
                 # leaves it usable on MySQL and SQLite); no row means another integrity error, which surfaces.
@@ -190,7 +211,13 @@ class FenceStore:
                 return _row(m), False
             return mine, True
 
-        return self._write("fence capture", attempt)
+        return self._write1("fence capture", attempt)
+
+    def _returning(self) -> bool:
+        """MariaDB >= 10.5 (``INSERT … RETURNING``), known once the engine connected."""
+        dialect: Any = self.engine.dialect
+        version = getattr(dialect, "server_version_info", None) or ()
+        return bool(getattr(dialect, "is_mariadb", False)) and tuple(version[:2]) >= (10, 5)
 
     def take_over(self, row: FenceRow, owner: Owner, *, lease_must_be_over: bool) -> FenceRow | None:
         """Become the owner with epoch+1, conditional on the epoch read; None if another run won."""
@@ -245,6 +272,17 @@ class FenceStore:
         self._cas(self.stmts.reset_claimed, subject, step, epoch, {}, [FenceState.CALLING],
                   {"state": FenceState.CLAIMED.value, "calling_at": None})
 
+    def unmark(self, subject: str, step: str, epoch: int) -> None:
+        """calling → claimed with the lease over: a step captured as calling whose block failed before its effect
+        (nothing left the network), so a retry may take over at once."""
+        self._cas(self.stmts.unmark, subject, step, epoch, {}, [FenceState.CALLING],
+                  {"state": FenceState.CLAIMED.value, "calling_at": None})
+
+    def set_request(self, subject: str, step: str, epoch: int, request: str) -> None:
+        """Store the exact request of a step captured as calling when ``effect(request=...)`` names another one."""
+        self._cas(self.stmts.set_request, subject, step, epoch, {"v_request": request}, [FenceState.CALLING],
+                  {"state": FenceState.CALLING.value, "request": request})
+
     def park(self, subject: str, step: str, epoch: int) -> None:
         """calling → in_doubt: nobody can tell; a person resolves it."""
         self._cas(self.stmts.park, subject, step, epoch, {}, [FenceState.CALLING],
@@ -255,39 +293,42 @@ class FenceStore:
         params = where(subject, step, epoch)
         self._write1("fence release", lambda conn, _retried: conn.execute(self.stmts.release, params))
 
-    def complete_statement(self, subject: str, step: str, epoch: int, result: str | None) -> _complete.Bound:
+    def complete_statement(self, subject: str, step: str, epoch: int, result: str | None,
+                           states: Sequence[FenceState] = COMPLETABLE) -> _complete.Bound:
         """The epoch-conditional UPDATE to completed (prebuilt) and its parameters, for the application's
-        transaction."""
-        return _complete.Bound(self.stmts.complete, {"v_result": result, **where(subject, step, epoch, *COMPLETABLE)})
+        transaction. ``states``: where it may complete from (a step captured as calling whose block called no
+        effect completes from ``calling``)."""
+        return _complete.Bound(self.stmts.complete, {"v_result": result, **where(subject, step, epoch, *states)})
 
-    def complete(self, subject: str, step: str, epoch: int, result: str | None) -> None:
-        """Complete with no local writes, in a transaction of the store's own engine."""
-        params = {"v_result": result, **where(subject, step, epoch, *COMPLETABLE)}
+    def complete(self, subject: str, step: str, epoch: int, result: str | None,
+                 states: Sequence[FenceState] = COMPLETABLE) -> None:
+        """Complete with no local writes: one statement, on its own (autocommit where that saves round trips)."""
+        params = self.complete_statement(subject, step, epoch, result, states).params
         done = {"state": FenceState.COMPLETED.value, "result": result}
 
         def attempt(conn: Connection, retried: bool) -> None:
+            fault_point("before_commit")  # nothing committed yet, also in autocommit
             if conn.execute(self.stmts.complete, params).rowcount != 1 and not (
                     retried and self._holds(conn, subject, step, epoch, done)):
-                raise _fenced_out(subject, step, epoch, COMPLETABLE)
-            fault_point("before_commit")
+                raise _fenced_out(subject, step, epoch, states)
 
-        self._write("fence complete", attempt)
+        self._write1("fence complete", attempt)
 
-    def completion(self, db: Any, subject: str, step: str, epoch: int,
-                   result: str | None) -> AbstractContextManager[Any]:
+    def completion(self, db: Any, subject: str, step: str, epoch: int, result: str | None,
+                   states: Sequence[FenceState] = COMPLETABLE) -> AbstractContextManager[Any]:
         """Sync context manager: one transaction on ``db`` holding the completion + caller's writes."""
-        stmt = self.complete_statement(subject, step, epoch, result)
+        stmt = self.complete_statement(subject, step, epoch, result, states)
         inner = _complete.sync_completion(db, stmt, self.engine.dialect,
-                                          lambda: _fenced_out(subject, step, epoch, COMPLETABLE), self.retry,
+                                          lambda: _fenced_out(subject, step, epoch, states), self.retry,
                                           self._committed(subject, step, epoch, result))
         return _complete.naming_databases(inner, db, self.table.name, self._url())
 
-    def acompletion(self, db: Any, subject: str, step: str, epoch: int,
-                    result: str | None) -> AbstractAsyncContextManager[Any]:
+    def acompletion(self, db: Any, subject: str, step: str, epoch: int, result: str | None,
+                    states: Sequence[FenceState] = COMPLETABLE) -> AbstractAsyncContextManager[Any]:
         """Async twin of :meth:`completion` (AsyncEngine / AsyncConnection / AsyncSession, or a sync ``db``)."""
-        stmt = self.complete_statement(subject, step, epoch, result)
+        stmt = self.complete_statement(subject, step, epoch, result, states)
         inner = _complete.async_completion(db, stmt, self.engine.dialect,
-                                           lambda: _fenced_out(subject, step, epoch, COMPLETABLE), self.retry,
+                                           lambda: _fenced_out(subject, step, epoch, states), self.retry,
                                            self._committed(subject, step, epoch, result))
         return _complete.anaming_databases(inner, db, self.table.name, self._url())
 
