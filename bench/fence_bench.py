@@ -166,10 +166,11 @@ def private_database(base_url: str) -> Iterator[str]:
 
 # -- counting round trips on the wire --------------------------------------------------------------------
 @contextmanager
-def wire_trace(engine: Engine) -> Iterator[list[str]]:
-    """One line per database round trip made through ``engine`` inside the block (PostgreSQL or MariaDB)."""
+def wire_trace(engine: Engine, *more: Engine) -> Iterator[list[str]]:
+    """One line per database round trip made through ``engine`` (and ``more`` engines of the same server, e.g.
+    the sync engine of the store's AsyncEngine) inside the block (PostgreSQL or MariaDB)."""
     if engine.dialect.name == "postgresql":
-        with pg_wire_trace(engine) as trips:
+        with pg_wire_trace(engine, *more) as trips:
             yield trips
     else:
         with mysql_wire_trace() as trips:
@@ -201,8 +202,8 @@ def mysql_wire_trace() -> Iterator[list[str]]:
 
 
 @contextmanager
-def pg_wire_trace(engine: Engine) -> Iterator[list[str]]:
-    """libpq's protocol trace of every connection checked out of ``engine`` inside the block.
+def pg_wire_trace(engine: Engine, *more: Engine) -> Iterator[list[str]]:
+    """libpq's protocol trace of every connection checked out of ``engine`` (and ``more``) inside the block.
 
     Yields a list filled at exit with one line per round trip: the statement(s) the client sent before
     the server's ``ReadyForQuery``. Needs psycopg 3 (``pgconn.trace``)."""
@@ -212,20 +213,24 @@ def pg_wire_trace(engine: Engine) -> Iterator[list[str]]:
     trips: list[str] = []
 
     def checkout(dbapi_conn: Any, record: Any, proxy: Any) -> None:
-        dbapi_conn.pgconn.trace(fd)
-        dbapi_conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        pgconn = getattr(dbapi_conn, "driver_connection", dbapi_conn).pgconn  # an async adapter's own connection
+        pgconn.trace(fd)
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
 
     def checkin(dbapi_conn: Any, record: Any) -> None:
         if dbapi_conn is not None:
-            dbapi_conn.pgconn.untrace()
+            getattr(dbapi_conn, "driver_connection", dbapi_conn).pgconn.untrace()
 
-    event.listen(engine, "checkout", checkout)
-    event.listen(engine, "checkin", checkin)
+    engines = (engine, *more)
+    for e in engines:
+        event.listen(e, "checkout", checkout)
+        event.listen(e, "checkin", checkin)
     try:
         yield trips
     finally:
-        event.remove(engine, "checkout", checkout)
-        event.remove(engine, "checkin", checkin)
+        for e in engines:
+            event.remove(e, "checkout", checkout)
+            event.remove(e, "checkin", checkin)
         os.close(fd)
         with open(path, encoding="utf-8", errors="replace") as f:
             sent: list[str] = []
@@ -313,6 +318,21 @@ def proc_cpu_s(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+_LOOP: list[asyncio.AbstractEventLoop] = []
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    if not _LOOP:
+        _LOOP.append(asyncio.new_event_loop())
+    return _LOOP[0]
+
+
+def _engines(app: App) -> list[Engine]:
+    """The fence store's engines to trace: its own, and its AsyncEngine's once an async fence opened it."""
+    astore = app.fence_store._astore
+    return [app.fence_store.engine] + ([astore.engine.sync_engine] if astore is not None else [])
+
+
 def _run_jobs(task: Any, fencing: Any, run: str, ns: range) -> list[float]:
     """Run jobs ``ns`` of ``task`` one after another in this process (one event loop for async handlers);
     returns each job's ms."""
@@ -334,8 +354,8 @@ def _run_jobs(task: Any, fencing: Any, run: str, ns: range) -> list[float]:
             fencing.live.discard(ctx.token)
         return times
 
-    if task.is_async:
-        return asyncio.run(all_async())
+    if task.is_async:  # one loop for the whole bench: the store's AsyncEngine is bound to the first loop
+        return _loop().run_until_complete(all_async())
     times = []
     for n in ns:
         ctx = ctx_for()
@@ -367,13 +387,13 @@ def in_process(bench: Bench, fence_url: str, prefix: str, jobs: int) -> dict[str
             assert task is not None
             run = f"{prefix}-inproc-{kind}"
             _run_jobs(task, fencing, run, range(-3, 0))  # connect, warm the pool and the statement caches
-            with wire_trace(engine) as trips:
+            with wire_trace(*_engines(app)) as trips:
                 _run_jobs(task, fencing, run, range(0, 1))
             out[f"fence_{kind}_round_trips"] = len(trips)
             out[f"fence_{kind}_xacts"] = transactions(trips)
             out[f"fence_{kind}_trips"] = trips
             out[f"fence_{kind}_transactions"] = summarize(trips)
-            with wire_trace(engine) as again:  # a second job on the same subject: the fence is done
+            with wire_trace(*_engines(app)) as again:  # a second job on the same subject: the fence is done
                 _run_jobs(task, fencing, run, range(0, 1))
             out[f"fence_{kind}_rerun_round_trips"] = len(again)
             out[f"fence_{kind}_rerun_xacts"] = transactions(again)
@@ -394,6 +414,8 @@ def in_process(bench: Bench, fence_url: str, prefix: str, jobs: int) -> dict[str
                 out["db_version"] = conn.exec_driver_sql("SELECT VERSION()").scalar()
     finally:
         engine.dispose()
+        if app.fence_store._astore is not None:
+            _loop().run_until_complete(app.fence_store._astore.engine.dispose())
         app.close()
     return out
 

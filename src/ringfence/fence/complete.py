@@ -30,6 +30,7 @@ from ..errors import ConfigError, FencedOut
 from ..faults import fault_point
 from ..offloop import in_thread
 from .dbretry import NO_RETRY, DbRetry, aretrying, is_disconnect, retrying
+from .lazy import lazy_completion
 
 Stale = Callable[[], FencedOut]
 
@@ -119,34 +120,16 @@ def _begin(db: Engine, stmt: Bound, stale: Stale) -> tuple[AbstractContextManage
 
 
 class _PgBegin:
-    """``engine.begin()`` for psycopg, with ``BEGIN`` sent in the round trip of the fence's UPDATE.
-
-    psycopg sends ``BEGIN`` in a round trip of its own before a transaction's first statement (also in pipeline
-    mode). Here the driver connection is switched to autocommit (a client-side flag) and ``BEGIN`` + the UPDATE
-    go out in one pipeline: one round trip, and the transaction is as explicit as before. The flag is switched
-    back once the transaction ended; a connection where that fails is invalidated, never pooled in autocommit."""
+    """``engine.begin()`` for psycopg, ``BEGIN`` sent in the round trip of the fence's UPDATE (:func:`pg_first`)."""
 
     def __init__(self, db: Engine) -> None:
         self.conn = db.connect()
-        self.raw: Any = None
 
     def __enter__(self) -> Connection:
         return self.conn
 
     def first(self, stmt: Bound) -> int:
-        conn = self.conn
-        raw: Any = conn.connection.dbapi_connection
-        self.raw = raw
-        raw.autocommit = True
-        try:
-            with raw.pipeline():
-                raw.execute("BEGIN")
-                result = conn.execute(stmt.stmt, stmt.params)
-        except DBAPIError:
-            raise
-        except conn.dialect.loaded_dbapi.Error as exc:  # raised when the pipeline synced, outside execute()
-            conn._handle_dbapi_exception(exc, str(stmt.stmt), stmt.params, None, None)  # raises DBAPIError
-        return int(result.context.cursor.rowcount)
+        return pg_first(self.conn, stmt)
 
     def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Literal[False]:
         try:
@@ -155,22 +138,52 @@ class _PgBegin:
             else:
                 self.conn.rollback()
         finally:
-            self._restore()
+            restore_autocommit(self.conn)
             self.conn.close()
         return False
 
-    def _restore(self) -> None:
-        raw = self.raw
-        if raw is None:
+
+def first_statement(conn: Connection, stmt: Bound) -> int:
+    """Run the fence's UPDATE as the first statement of ``conn``'s transaction; its rowcount."""
+    if conn.dialect.driver == "psycopg" and not conn.dialect.is_async:
+        return pg_first(conn, stmt)
+    return int(conn.execute(stmt.stmt, stmt.params).rowcount)
+
+
+def pg_first(conn: Connection, stmt: Bound) -> int:
+    """psycopg sends ``BEGIN`` in a round trip of its own before a transaction's first statement (also in pipeline
+    mode). Here the driver connection is switched to autocommit (a client-side flag) and ``BEGIN`` + the UPDATE go
+    out in one pipeline: one round trip, and the transaction is as explicit as before. :func:`restore_autocommit`
+    switches the flag back once the transaction ended."""
+    raw: Any = conn.connection.dbapi_connection
+    raw.autocommit = True
+    try:
+        with raw.pipeline():
+            raw.execute("BEGIN")
+            result = conn.execute(stmt.stmt, stmt.params)
+    except DBAPIError:
+        raise
+    except conn.dialect.loaded_dbapi.Error as exc:  # raised when the pipeline synced, outside execute()
+        conn._handle_dbapi_exception(exc, str(stmt.stmt), stmt.params, None, None)  # raises DBAPIError
+    return int(result.context.cursor.rowcount)
+
+
+def restore_autocommit(conn: Connection) -> None:
+    """After :func:`pg_first`'s transaction ended: autocommit off again. A connection where that fails (or still
+    in a transaction) is invalidated, never pooled in autocommit."""
+    if conn.invalidated or conn.closed or conn.dialect.driver != "psycopg":
+        return
+    raw: Any = conn.connection.dbapi_connection
+    try:
+        if not raw.autocommit:
             return
-        try:
-            if not raw.closed and raw.info.transaction_status == 0:  # idle: the transaction ended
-                raw.autocommit = False
-                return
-        except Exception:  # a broken connection: invalidated below
-            pass
-        with suppress(Exception):  # already invalidated or closed: it will not be pooled
-            self.conn.invalidate()
+        if not raw.closed and raw.info.transaction_status == 0:  # idle: the transaction ended
+            raw.autocommit = False
+            return
+    except Exception:  # a broken connection: invalidated below
+        pass
+    with suppress(Exception):  # already invalidated or closed: it will not be pooled
+        conn.invalidate()
 
 
 def _confirm(exc: BaseException, committed: Committed | None) -> bool:
@@ -180,14 +193,19 @@ def _confirm(exc: BaseException, committed: Committed | None) -> bool:
 
 
 @contextmanager
-def sync_completion(db: Any, stmt: Bound, dialect: Dialect, stale: Stale,
-                    retry: DbRetry = NO_RETRY, committed: Committed | None = None) -> Iterator[Any]:
+def sync_completion(db: Any, stmt: Bound, dialect: Dialect, stale: Stale, retry: DbRetry = NO_RETRY,
+                    committed: Committed | None = None, alone: Callable[[], None] | None = None) -> Iterator[Any]:
     """Yield the object the caller writes through; commit once on success, roll back on error.
 
     With an Engine the fence's UPDATE is the transaction's first statement: if its (pooled) connection
     turns out dead, nothing of the caller's has run yet, so it starts over on a fresh connection. A
     COMMIT that loses its connection is checked with ``committed`` (SQLAlchemy ``db`` only).
     """
+    if isinstance(db, Engine) and alone is not None:  # the fence's own database: the UPDATE only when needed
+        with lazy_completion(db, lambda conn: first_statement(conn, stmt), stale, retry, alone, committed,
+                             _confirm, restore_autocommit) as conn:
+            yield conn
+        return
     if isinstance(db, Engine):
         with _engine_completion(db, stmt, stale, retry, committed) as conn:
             yield conn
@@ -245,8 +263,9 @@ def _sa_completion(db: Connection | Session, stmt: Bound, stale: Stale,
 
 
 @asynccontextmanager
-async def async_completion(db: Any, stmt: Bound, dialect: Dialect, stale: Stale,
-                           retry: DbRetry = NO_RETRY, committed: Committed | None = None) -> AsyncIterator[Any]:
+async def async_completion(db: Any, stmt: Bound, dialect: Dialect, stale: Stale, retry: DbRetry = NO_RETRY,
+                           committed: Committed | None = None,
+                           alone: Callable[[], None] | None = None) -> AsyncIterator[Any]:
     """Async twin of :func:`sync_completion` for AsyncEngine, AsyncConnection and AsyncSession.
 
     A sync SQLAlchemy ``db`` gets its blocking statements (begin, the fence UPDATE, commit) run in a
@@ -255,7 +274,7 @@ async def async_completion(db: Any, stmt: Bound, dialect: Dialect, stale: Stale,
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
     if not isinstance(db, AsyncEngine | AsyncConnection | AsyncSession):
-        sync = sync_completion(db, stmt, dialect, stale, retry, committed)
+        sync = sync_completion(db, stmt, dialect, stale, retry, committed, alone)
         if isinstance(db, Engine | Connection | Session):
             async with in_thread(sync) as conn:
                 yield conn

@@ -8,6 +8,7 @@ that run in the caller's own style, between :meth:`Core.begin_effect` and
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import replace
@@ -81,28 +82,49 @@ class Core:
 
     # --- enter ------------------------------------------------------------------------------
 
-    def enter(self) -> object | None:
-        """Capture, or read and apply the rerun rules. Returns RECONCILE when the hook must run."""
+    def enter(self, found: tuple[FenceRow | None, bool] | None = None) -> object | None:
+        """Capture, or read and apply the rerun rules. Returns RECONCILE when the hook must run.
+        ``found``: the answer of a capture already made (the async path's), used for the first round."""
         for _ in range(_MAX_ROUNDS):
-            row, fresh = self._capture()
-            if fresh:  # we inserted it: epoch 1, claimed
-                self._row = row
-                self._observe("captured")
-                fault_point("after_capture")
-                return None
-            if row is None:  # pruned between our insert and our read: capture again
-                continue
-            decided = self._rerun(row)
+            row, fresh = found if found is not None else self._capture()
+            found = None
+            decided = self.captured(row, fresh)
             if decided is not _LOST_RACE:
                 return decided
         raise FenceBusy(f"{self._where()}: lost {_MAX_ROUNDS} takeover races in a row")
+
+    def captured(self, row: FenceRow | None, fresh: bool) -> object | None:
+        """Act on a capture's answer: ours (fresh), gone (capture again: ``_LOST_RACE``), or the rerun rules."""
+        if fresh:  # we inserted it: epoch 1, claimed (or calling, see _premark)
+            self._row = row
+            self._observe("captured")
+            fault_point("after_capture")
+            return None
+        if row is None:  # pruned between our insert and our read: capture again
+            return _LOST_RACE
+        return self._rerun(row)
+
+    def capture_request(self) -> str | None:
+        """The request a fresh capture stores (capturing it ``calling``), or None (captured ``claimed``)."""
+        return dumps(self.opts.params) if self._premark() else None
+
+    async def aenter(self, a: Any) -> object | None:
+        """:meth:`enter` with the capture on the loop (``a``: the store's AsyncFence). A fresh row or a completed
+        one is settled here; any other rerun rule runs the blocking code in a thread, once."""
+        request = self.capture_request()
+        row, fresh = await a.capture_or_get(self.subject, self.step, self.owner, self.phash, self.opts.retention_s,
+                                            request=request)
+        self.premarked = fresh and request is not None
+        if fresh or (row is not None and row.state is FenceState.COMPLETED and row.params_hash == self.phash):
+            return self.captured(row, fresh)  # no database call in these branches
+        return await asyncio.to_thread(self.enter, (row, fresh))
 
     def _capture(self) -> tuple[FenceRow | None, bool]:
         """(row, inserted by us): the SQL store answers in one call; another backend captures, then reads."""
         args = (self.subject, self.step, self.owner, self.phash, self.opts.retention_s)
         both = getattr(self.store, "capture_or_get", None)
         if both is not None:
-            request = dumps(self.opts.params) if self._premark() else None
+            request = self.capture_request()
             found: tuple[FenceRow | None, bool] = both(*args, request=request)
             self.premarked = found[1] and request is not None
             return found
@@ -232,34 +254,69 @@ class Core:
 
     def begin_effect(self, request: Any) -> str | None:
         """Before the call: the stored reference if there is one, else commit ``calling``."""
+        stored, write = self.plan_effect(request)
+        if stored is not None:
+            return stored
+        if write is not None:
+            getattr(self.store, write[0])(*write[1])
+        self.effect_begun(write)
+        return None
+
+    async def abegin_effect(self, a: Any, request: Any) -> str | None:
+        """:meth:`begin_effect` with its write on the loop."""
+        stored, write = self.plan_effect(request)
+        if stored is not None:
+            return stored
+        if write is not None:
+            await getattr(a, write[0])(*write[1])
+        self.effect_begun(write)
+        return None
+
+    def plan_effect(self, request: Any) -> tuple[str | None, tuple[str, tuple[Any, ...]] | None]:
+        """(the stored reference, None) when the call is skipped; else (None, the write to make before the call:
+        (store method, arguments), or None when the capture already marked calling with this request)."""
         row = self.row
         if row.reference is not None:
-            return row.reference
+            return row.reference, None
         if self.done:
             raise FenceError(f"{self._where()} completed on an earlier run without a reference")
         if self.owner.settle_only and not self.replay:
             raise SettleOnly(f"{self._where()}: job {self.owner.job_id!r} is on its settling run (its attempts "
                              "were used up by orphaned runs): steps in doubt are settled, no new effect starts")
+        key = (self.subject, self.step, row.epoch)
         if self.replay:  # same key, stored request: the provider answers with the first result
-            self.store.renew(self.subject, self.step, row.epoch, self.owner.lease_s)
-            return None
+            return None, ("renew", (*key, self.owner.lease_s))
         body = dumps(self.opts.params if request is None else request)
         if self.premarked and not self.called:  # captured as calling with the params as its request
-            if body != row.request:
-                self.store.set_request(self.subject, self.step, row.epoch, body)  # type: ignore[attr-defined]
-                self._row = replace(row, request=body)
-        else:
-            self.store.mark_calling(self.subject, self.step, row.epoch, body, self.owner.lease_s)
-            self._row = replace(row, state=FenceState.CALLING, request=body)  # as written; no read-back
+            return None, (None if body == row.request else ("set_request", (*key, body)))
+        return None, ("mark_calling", (*key, body, self.owner.lease_s))
+
+    def effect_begun(self, write: tuple[str, tuple[Any, ...]] | None) -> None:
+        """The write of :meth:`plan_effect` is committed: the row as written (no read-back)."""
+        if write is not None and write[0] == "renew":
+            return
+        if write is not None:
+            self._row = replace(self.row, state=FenceState.CALLING, request=write[1][3])
         self.called = True
         fault_point("after_calling")
-        return None
 
     def finish_effect(self, value: Any, extract: Any = None) -> str:
         """After the call: record the reference, committed at once."""
-        fault_point("after_effect")
-        ref = _as_reference(extract(value) if extract is not None else value)
+        ref = self._answer(value, extract)
         self.store.record(self.subject, self.step, self.row.epoch, ref)
+        return self._recorded(ref)
+
+    async def afinish_effect(self, a: Any, value: Any, extract: Any = None) -> str:
+        """:meth:`finish_effect` with the record on the loop."""
+        ref = self._answer(value, extract)
+        await a.record(self.subject, self.step, self.row.epoch, ref)
+        return self._recorded(ref)
+
+    def _answer(self, value: Any, extract: Any) -> str:
+        fault_point("after_effect")
+        return _as_reference(extract(value) if extract is not None else value)
+
+    def _recorded(self, ref: str) -> str:
         self._row = replace(self.row, state=FenceState.EFFECTED, reference=ref)  # as written; no read-back
         self.replay = False
         fault_point("after_record")
@@ -289,19 +346,33 @@ class Core:
 
     def exit(self, exc: BaseException | None) -> None:
         """Leave the block: auto-complete a clean exit; end the lease of a failed claimed step."""
+        write = self.plan_exit(exc)
+        if write is not None:
+            getattr(self.store, write[0])(*write[1], **write[2])
+        self.completed = self.completed or (write is not None and write[0] == "complete")
+
+    async def aexit(self, a: Any, exc: BaseException | None) -> None:
+        """:meth:`exit` with its write on the loop."""
+        write = self.plan_exit(exc)
+        if write is not None:
+            await getattr(a, write[0])(*write[1], **write[2])
+        self.completed = self.completed or (write is not None and write[0] == "complete")
+
+    def plan_exit(self, exc: BaseException | None) -> tuple[str, tuple[Any, ...], dict[str, Any]] | None:
         if self._row is None or self.done or self.completed:
-            return
+            return None
+        key = (self.subject, self.step, self.row.epoch)
         if exc is None:
             _, result = self.completion_args(None)
-            self.store.complete(self.subject, self.step, self.row.epoch, result, **self.completion_states())
-            self.completed = True
-        elif isinstance(exc, Exception) and self.row.state is FenceState.CLAIMED:
+            return "complete", (*key, result), self.completion_states()
+        if isinstance(exc, Exception) and self.row.state is FenceState.CLAIMED:
             # Nothing left the network: let a retry take over at once. Any other state keeps
             # its lease and its row (an exception after `calling` never unlocks anything).
-            self.store.release(self.subject, self.step, self.row.epoch)
-        elif isinstance(exc, Exception) and self._unstarted():
+            return "release", key, {}
+        if isinstance(exc, Exception) and self._unstarted():
             # Captured as calling, but this run never started its effect: back to claimed, lease over.
-            self.store.unmark(self.subject, self.step, self.row.epoch)  # type: ignore[attr-defined]
+            return "unmark", key, {}
+        return None
 
 
 _LOST_RACE: Final = object()

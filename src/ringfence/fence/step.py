@@ -103,6 +103,7 @@ class FenceContext:
 
     def __init__(self, core: Core) -> None:
         self._core = core
+        self._astore: Any = None
 
     def __enter__(self) -> Step:
         core = self._core
@@ -120,18 +121,27 @@ class FenceContext:
 
     async def __aenter__(self) -> AsyncStep:
         core = self._core
-        # Store calls are blocking I/O: keep them off the event loop.
-        if await asyncio.to_thread(core.enter) is RECONCILE:
+        # The store's statements run on the loop where it has an async engine (astore.py); otherwise they are
+        # blocking I/O and run in a thread.
+        self._astore = _async_store(core.store)
+        if self._astore is not None:
+            decided = await core.aenter(self._astore)
+        else:
+            decided = await asyncio.to_thread(core.enter)
+        if decided is RECONCILE:
             answer = await _bounded_hook(core)
             await asyncio.to_thread(core.apply_reconcile, answer)
-        return AsyncStep(core)
+        return AsyncStep(core, self._astore)
 
     async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         core = self._core
         if core.settled():  # nothing left to write: no thread hop
             return
-        await asyncio.to_thread(core.exit, exc)
+        if self._astore is not None:
+            await core.aexit(self._astore, exc)
+        else:
+            await asyncio.to_thread(core.exit, exc)
 
 
 class _StepView:
@@ -213,10 +223,19 @@ class Step(_StepView):
 class AsyncStep(_StepView):
     """A fenced step in an async handler."""
 
+    def __init__(self, core: Core, astore: Any = None) -> None:
+        super().__init__(core)
+        self._astore = astore  # the store's AsyncFence on this loop, or None: store calls in a thread
+
     async def effect(self, fn: Callable[[], Any], request: Any = None,
                      reference: Callable[[Any], Any] | None = None) -> str:
         """Async :meth:`Step.effect`; ``fn`` may be sync or return an awaitable."""
-        core = self._core
+        core, a = self._core, self._astore
+        if a is not None:  # calling and the record on the loop; only a sync fn runs in a thread
+            stored = await core.abegin_effect(a, request)
+            if stored is not None:
+                return stored
+            return await core.afinish_effect(a, await call_off_loop(fn), reference)
         if inspect.iscoroutinefunction(fn):
             stored = await asyncio.to_thread(core.begin_effect, request)
             if stored is not None:
@@ -244,6 +263,12 @@ class AsyncStep(_StepView):
                                           **core.completion_states()) as conn:
             yield conn
         core.completed = True
+
+
+def _async_store(store: Any) -> Any:
+    """The store's async twin on the running loop (SQL store with an async driver), else None."""
+    find = getattr(store, "async_store", None)
+    return None if find is None else find()
 
 
 def _sync_effect(core: Core, fn: Callable[[], Any], request: Any,

@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
@@ -42,6 +43,7 @@ from sqlalchemy.exc import IntegrityError
 from ..errors import FencedOut, FenceError
 from ..faults import fault_point
 from . import complete as _complete
+from .astore import AsyncFence, async_url
 from .dbretry import DEFAULT_RETRY, DbRetry, make_engine, retrying, skip_idle_ends, watch_disconnects
 from .model import COMPLETABLE, FenceRow, FenceState, Owner, provider_key
 from .schema import DEFAULT_TABLE, create_tables, db_now, db_now_plus, fence_table
@@ -79,6 +81,22 @@ class FenceStore:
             skip_idle_ends(self.auto)
             self._auto1 = True
             event.listen(self.engine, "engine_disposed", lambda _engine: self.auto.dispose())
+        # `async with` fences run their statements on an AsyncEngine of the same URL where there is one (astore.py).
+        self._async_url = async_url(engine_or_url) if isinstance(engine_or_url, str) else None
+        self._astore: AsyncFence | None = None
+
+    def async_store(self) -> AsyncFence | None:
+        """This store's statements on an AsyncEngine of the running event loop (the first loop that asks), or
+        None: another loop, no loop, or no async driver for the URL here."""
+        if self._async_url is None:
+            return None
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        if self._astore is None:
+            self._astore = AsyncFence(self, self._async_url, loop)
+        return self._astore if self._astore.loop is loop else None
 
     def _read(self, fn: Callable[[Connection], T]) -> T:
         def attempt(_retried: bool) -> T:
@@ -320,7 +338,8 @@ class FenceStore:
         stmt = self.complete_statement(subject, step, epoch, result, states)
         inner = _complete.sync_completion(db, stmt, self.engine.dialect,
                                           lambda: _fenced_out(subject, step, epoch, states), self.retry,
-                                          self._committed(subject, step, epoch, result))
+                                          self._committed(subject, step, epoch, result),
+                                          self._alone(db, subject, step, epoch, result, states))
         return _complete.naming_databases(inner, db, self.table.name, self._url())
 
     def acompletion(self, db: Any, subject: str, step: str, epoch: int, result: str | None,
@@ -329,8 +348,18 @@ class FenceStore:
         stmt = self.complete_statement(subject, step, epoch, result, states)
         inner = _complete.async_completion(db, stmt, self.engine.dialect,
                                            lambda: _fenced_out(subject, step, epoch, states), self.retry,
-                                           self._committed(subject, step, epoch, result))
+                                           self._committed(subject, step, epoch, result),
+                                           self._alone(db, subject, step, epoch, result, states))
         return _complete.anaming_databases(inner, db, self.table.name, self._url())
+
+    def _alone(self, db: Any, subject: str, step: str, epoch: int, result: str | None,
+               states: Sequence[FenceState]) -> Callable[[], None] | None:
+        """For an Engine on the fence's own database: the completion of a block that wrote nothing, as the
+        fence's single UPDATE (:meth:`complete`). None for anything else (the UPDATE opens the caller's
+        transaction at once)."""
+        if not isinstance(db, Engine) or not (db is self.engine or db.url == self.engine.url):
+            return None
+        return lambda: self.complete(subject, step, epoch, result, states)
 
     def _url(self) -> str:
         return str(self.engine.url.render_as_string(hide_password=True))

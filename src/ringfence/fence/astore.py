@@ -1,0 +1,137 @@
+"""The fence's happy-path statements on an AsyncEngine, so ``async with ctx.fence(...)`` runs them on the loop.
+
+A store built from a ``postgresql+psycopg://`` URL opens an AsyncEngine on the same URL (psycopg's async
+connection) the first time an ``async with`` fence runs, bound to that event loop: a worker has one loop, so every
+async fence of the process uses it. On any other loop, or with another driver, the fence keeps running its store
+calls in a thread (``asyncio.to_thread``), as before. Only the happy path is here (capture or read, calling,
+record, complete, release); the rerun rules that need more (a takeover, the in-doubt rules) run the blocking
+code in a thread, once.
+
+Every statement is the prebuilt one of ``statements.py`` and keeps its guarantees: autocommit single statements,
+epoch-conditional writes, the "already done" read only on a retry after a lost answer, retries on a dead
+connection (``aretrying``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sqlalchemy import Update, select
+from sqlalchemy.engine import make_url
+
+from ..faults import fault_point
+from .dbretry import aretrying, watch_disconnects
+from .model import COMPLETABLE, FenceRow, FenceState, Owner, provider_key
+from .statements import where
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+    from .store import FenceStore
+
+T = TypeVar("T")
+
+
+def async_url(url: str) -> str | None:
+    """The URL of the async twin of a store's driver, or None where there is none here."""
+    return url if make_url(url).drivername == "postgresql+psycopg" else None
+
+
+class AsyncFence:
+    """One store's statements on an AsyncEngine bound to one event loop."""
+
+    def __init__(self, store: FenceStore, url: str, loop: asyncio.AbstractEventLoop) -> None:
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        self.store, self.loop = store, loop
+        self.engine: AsyncEngine = create_async_engine(url)
+        watch_disconnects(self.engine.sync_engine)
+        self.auto: AsyncEngine = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    async def _run(self, what: str, fn: Callable[[AsyncConnection, bool], Awaitable[T]]) -> T:
+        async def attempt(retried: bool) -> T:
+            async with self.auto.connect() as conn:
+                return await fn(conn, retried)
+        return await aretrying(self.store.retry, attempt, what)
+
+    async def capture_or_get(self, subject: str, step: str, owner: Owner, phash: str, retention_s: float | None,
+                             request: str | None = None) -> tuple[FenceRow | None, bool]:
+        """:meth:`FenceStore.capture_or_get` on the loop (PostgreSQL's one-statement capture)."""
+        from .store import _row
+
+        values = {"v_subject": subject, "v_step": step, "v_owner_job_id": owner.job_id,
+                  "v_owner_token": owner.token, "v_lease_s": float(owner.lease_s), "v_params_hash": phash,
+                  "v_provider_key": provider_key(subject, step), "v_retention_s": retention_s}
+        stmts = self.store.stmts
+        stmt = stmts.pg_capture if request is None else stmts.pg_capture_calling
+        if request is not None:
+            values["v_request"] = request
+
+        async def run(conn: AsyncConnection, _retried: bool) -> Any:
+            return (await conn.execute(stmt, values)).mappings().one()
+
+        m = await self._run("fence capture", run)
+        if m["fresh"]:
+            state = FenceState.CLAIMED if request is None else FenceState.CALLING
+            return FenceRow(subject=subject, step=step, state=state, epoch=1, owner_job_id=owner.job_id,
+                            owner_token=owner.token, params_hash=phash, provider_key=provider_key(subject, step),
+                            request=request, retention_s=retention_s, lease_live=True), True
+        return (None if m["id"] is None else _row(m)), False
+
+    async def _holds(self, conn: AsyncConnection, subject: str, step: str, epoch: int,
+                     expect: dict[str, Any]) -> bool:
+        t = self.store.table
+        q = select(*(t.c[k] for k in expect)).where(t.c.subject == subject, t.c.step == step, t.c.epoch == epoch)
+        found = (await conn.execute(q)).first()
+        return found is not None and tuple(found) == tuple(expect.values())
+
+    async def _cas(self, stmt: Update, subject: str, step: str, epoch: int, values: dict[str, Any],
+                   states: Sequence[FenceState], expect: dict[str, Any] | None, before: str | None = None) -> None:
+        from .store import _fenced_out
+
+        params = {**where(subject, step, epoch, *states), **values}
+
+        async def run(conn: AsyncConnection, retried: bool) -> None:
+            if before is not None:
+                fault_point(before)
+            if (await conn.execute(stmt, params)).rowcount == 1:
+                return
+            if not (retried and expect is not None and await self._holds(conn, subject, step, epoch, expect)):
+                raise _fenced_out(subject, step, epoch, states or None)
+
+        await self._run(f"fence {(expect or {}).get('state', 'update')}", run)
+
+    async def mark_calling(self, subject: str, step: str, epoch: int, request: str | None, lease_s: float) -> None:
+        await self._cas(self.store.stmts.calling, subject, step, epoch,
+                        {"v_request": request, "v_lease_s": float(lease_s)}, [FenceState.CLAIMED],
+                        {"state": FenceState.CALLING.value, "request": request})
+
+    async def set_request(self, subject: str, step: str, epoch: int, request: str) -> None:
+        await self._cas(self.store.stmts.set_request, subject, step, epoch, {"v_request": request},
+                        [FenceState.CALLING], {"state": FenceState.CALLING.value, "request": request})
+
+    async def renew(self, subject: str, step: str, epoch: int, lease_s: float) -> None:
+        await self._cas(self.store.stmts.renew, subject, step, epoch, {"v_lease_s": float(lease_s)}, [], None)
+
+    async def record(self, subject: str, step: str, epoch: int, reference: str) -> None:
+        await self._cas(self.store.stmts.record, subject, step, epoch, {"v_reference": reference},
+                        [FenceState.CALLING], {"state": FenceState.EFFECTED.value, "reference": reference})
+
+    async def unmark(self, subject: str, step: str, epoch: int) -> None:
+        await self._cas(self.store.stmts.unmark, subject, step, epoch, {}, [FenceState.CALLING],
+                        {"state": FenceState.CLAIMED.value, "calling_at": None})
+
+    async def release(self, subject: str, step: str, epoch: int) -> None:
+        params = where(subject, step, epoch)
+
+        async def run(conn: AsyncConnection, _retried: bool) -> None:
+            await conn.execute(self.store.stmts.release, params)
+
+        await self._run("fence release", run)
+
+    async def complete(self, subject: str, step: str, epoch: int, result: str | None,
+                       states: Sequence[FenceState] = COMPLETABLE) -> None:
+        await self._cas(self.store.stmts.complete, subject, step, epoch, {"v_result": result}, states,
+                        {"state": FenceState.COMPLETED.value, "result": result}, before="before_commit")
