@@ -128,59 +128,58 @@ def test_a_settling_run_never_captures_calling(backend: Backend, subject: str, m
 async def test_an_async_fence_runs_its_statements_on_the_loop(url_store: FenceStore, subject: str,
                                                               provider: Provider, make_owner: OwnerFactory) -> None:
     """A store built from a psycopg URL opens an AsyncEngine of the same URL: capture, calling, record and the
-    auto-completion of an ``async with`` fence run on the loop's thread, no thread hop. Another loop (or another
-    driver) keeps the thread path, with the same rows."""
+    auto-completion of an ``async with`` fence with an ``async def`` effect use no thread at all (the loop's
+    executor, which ``asyncio.to_thread`` uses, is never asked). Another loop keeps the thread path."""
     import asyncio
-    import threading
-
-    import sqlalchemy as sa
+    from concurrent.futures import ThreadPoolExecutor
 
     if url_store.engine.dialect.name != "postgresql":
         pytest.skip("the async engine path is psycopg's")
-    seen: list[tuple[str, int]] = []
 
-    def note(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if url_store.table.name in statement:
-            seen.append((statement.split()[0], threading.get_ident()))
+    class Counting(ThreadPoolExecutor):
+        submitted = 0
+
+        def submit(self, *args: Any, **kwargs: Any) -> Any:
+            Counting.submitted += 1
+            return super().submit(*args, **kwargs)
+
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(Counting(max_workers=2))
+    key: list[str] = []
 
     async def charge() -> str:
         return provider.charge(5, idempotency_key=key[0])
 
-    key: list[str] = []
-    async with Fences(url_store, make_owner()).open(subject, "charge", params={"amount": 5}) as step:
-        astore = url_store.async_store()
-        assert astore is not None
-        sa.event.listen(astore.engine.sync_engine, "before_cursor_execute", note)
-        sa.event.listen(url_store.engine, "before_cursor_execute", note)
-        key.append(step.key)
-        await step.effect(charge)
-    async with Fences(url_store, make_owner()).open(f"{subject}-2", "charge", params={"amount": 5},
-                                                    **DEDUP) as step:
-        key[0] = step.key
-        await step.effect(charge)
-    loop_thread = threading.get_ident()
-    assert [verb for verb, _ in seen] == ["UPDATE", "UPDATE", "UPDATE", "WITH", "UPDATE", "UPDATE"]
-    assert {tid for _, tid in seen} == {loop_thread}
+    async def job(s: str, **opts: Any) -> None:
+        async with Fences(url_store, make_owner()).open(s, "charge", params={"amount": 5}, **opts) as step:
+            key[:] = [step.key]
+            await step.effect(charge)
+
+    await job(f"{subject}-warm")  # opens the AsyncEngine (its first connection)
+    Counting.submitted = 0
+    await job(subject)
+    await job(f"{subject}-2", **DEDUP)
+    await job(subject)  # a rerun: done
+    assert Counting.submitted == 0
+    assert url_store.async_store() is not None
     for s in (subject, f"{subject}-2"):
         row = url_store.get(s, "charge")
         assert row is not None and row.state is FenceState.COMPLETED and row.reference is not None
+    assert provider.effects == 3
 
-    seen.clear()
     other = subject + "-other-loop"
 
     def on_another_loop() -> None:
-        async def job() -> None:
-            assert url_store.async_store() is None  # bound to the test's loop
-            async with Fences(url_store, make_owner()).open(other, "charge", params={"amount": 5}) as step:
-                key[0] = step.key
-                await step.effect(charge)
-        asyncio.run(job())
+        async def run() -> None:
+            assert url_store.async_store() is None  # bound to the test's loop: the thread path
+            await job(other)
+        asyncio.run(run())
 
     await asyncio.to_thread(on_another_loop)
-    assert seen and all(tid != loop_thread for _, tid in seen)
     row = url_store.get(other, "charge")
     assert row is not None and row.state is FenceState.COMPLETED
-    sa.event.remove(url_store.engine, "before_cursor_execute", note)
+    astore = url_store.async_store()
+    assert astore is not None
     await astore.engine.dispose()
 
 
@@ -219,3 +218,39 @@ def test_a_completion_on_the_fence_engine_sends_its_update_before_the_first_stat
     assert not any(orders.name in s for s in sent)  # the zombie's INSERT never went out
     row = backend.store.get(other, "charge")
     assert row is not None and row.epoch == 2
+
+
+async def test_an_async_fence_rides_out_its_connections_being_killed(backend: Backend, subject: str,
+                                                                     provider: Provider,
+                                                                     make_owner: OwnerFactory) -> None:
+    """The pooled connections of the store's AsyncEngine are terminated between two fences: the next fence's
+    statements find them dead, are retried on fresh connections, and the step completes once."""
+    import uuid
+
+    import sqlalchemy as sa
+
+    if backend.name != "postgresql":
+        pytest.skip("the async engine path is psycopg's")
+    app_name = f"rf-async-{uuid.uuid4().hex[:8]}"
+    store = FenceStore(f"{backend.url}?application_name={app_name}", table_name=backend.store.table.name)
+    admin = sa.create_engine(backend.url, isolation_level="AUTOCOMMIT")
+
+    async def job(s: str) -> None:
+        async with Fences(store, make_owner()).open(s, "charge", params={"amount": 5}) as step:
+            await step.effect(lambda: provider.charge(5, idempotency_key=step.key))
+
+    try:
+        await job(f"{subject}-warm")
+        astore = store.async_store()
+        assert astore is not None
+        with admin.connect() as c:
+            killed = c.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                       "WHERE application_name = :a"), {"a": app_name}).fetchall()
+        assert killed
+        await job(subject)
+        row = store.get(subject, "charge")
+        assert row is not None and row.state is FenceState.COMPLETED and row.epoch == 1 and provider.effects == 2
+        await astore.engine.dispose()
+    finally:
+        store.engine.dispose()
+        admin.dispose()
