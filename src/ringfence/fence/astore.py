@@ -46,9 +46,11 @@ class AsyncFence:
         from sqlalchemy.ext.asyncio import create_async_engine
 
         self.store, self.loop = store, loop
-        self.engine: AsyncEngine = create_async_engine(url)
+        # A pool of its own, opened in autocommit (set once per connection, not switched at every checkout and
+        # back), and nothing to roll back when a connection returns: only single statements run here.
+        self.engine: AsyncEngine = create_async_engine(url, isolation_level="AUTOCOMMIT", pool_reset_on_return=None)
         watch_disconnects(self.engine.sync_engine)
-        self.auto: AsyncEngine = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.auto: AsyncEngine = self.engine
         self._compiled: dict[int, tuple[Any, Any]] = {}  # id(statement) -> (statement, compiled)
 
     async def _run(self, what: str, fn: Callable[[AsyncConnection, bool], Awaitable[T]]) -> T:
