@@ -24,12 +24,12 @@ from sqlalchemy.engine import make_url
 from ..faults import fault_point
 from .dbretry import aretrying, watch_disconnects
 from .model import COMPLETABLE, FenceRow, FenceState, Owner, provider_key
+from .rows import fenced_out as _fenced_out
+from .rows import row_of as _row
 from .statements import where
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
-    from .store import FenceStore
 
 T = TypeVar("T")
 
@@ -42,7 +42,8 @@ def async_url(url: str) -> str | None:
 class AsyncFence:
     """One store's statements on an AsyncEngine bound to one event loop."""
 
-    def __init__(self, store: FenceStore, url: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, store: Any, url: str, loop: asyncio.AbstractEventLoop) -> None:
+        """``store``: the FenceStore whose statements, table and retry policy these are."""
         from sqlalchemy.ext.asyncio import create_async_engine
 
         self.store, self.loop = store, loop
@@ -93,8 +94,6 @@ class AsyncFence:
     async def capture_or_get(self, subject: str, step: str, owner: Owner, phash: str, retention_s: float | None,
                              request: str | None = None) -> tuple[FenceRow | None, bool]:
         """:meth:`FenceStore.capture_or_get` on the loop (PostgreSQL's one-statement capture)."""
-        from .store import _row
-
         values = {"v_subject": subject, "v_step": step, "v_owner_job_id": owner.job_id,
                   "v_owner_token": owner.token, "v_lease_s": float(owner.lease_s), "v_params_hash": phash,
                   "v_provider_key": provider_key(subject, step), "v_retention_s": retention_s}
@@ -123,8 +122,6 @@ class AsyncFence:
 
     async def _cas(self, stmt: Update, subject: str, step: str, epoch: int, values: dict[str, Any],
                    states: Sequence[FenceState], expect: dict[str, Any] | None, before: str | None = None) -> None:
-        from .store import _fenced_out
-
         params = {**where(subject, step, epoch, *states), **values}
 
         async def run(conn: AsyncConnection, retried: bool) -> None:

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from sqlalchemy import MetaData, Table, func, select
 
 from .model import FenceRow
-from .store import FenceStore, _row
+from .rows import row_of as _row
+from .store import FenceStore
 
 
 def step_rows(store: FenceStore, step: str, batch: int = 1000) -> Iterator[FenceRow]:

@@ -40,12 +40,14 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from ..errors import FencedOut, FenceError
+from ..errors import FenceError
 from ..faults import fault_point
 from . import complete as _complete
 from .astore import AsyncFence, async_url
 from .dbretry import DEFAULT_RETRY, DbRetry, make_engine, retrying, skip_idle_ends, watch_disconnects
 from .model import COMPLETABLE, FenceRow, FenceState, Owner, provider_key
+from .rows import fenced_out as _fenced_out
+from .rows import row_of as _row
 from .schema import DEFAULT_TABLE, create_tables, db_now, db_now_plus, fence_table
 from .statements import Statements, where
 
@@ -416,19 +418,3 @@ class FenceStore:
 
 
 _PAST_CAPTURE = (FenceState.CALLING.value, FenceState.EFFECTED.value)
-
-
-def _fenced_out(subject: str, step: str, epoch: int, states: Sequence[FenceState] | None) -> FencedOut:
-    want = "" if states is None else f" in state {'/'.join(s.value for s in states)}"
-    return FencedOut(f"fence {subject!r}/{step!r}: epoch {epoch}{want} is no longer current; "
-                     "another run took it over or a person resolved it")
-
-
-def _row(m: Any) -> FenceRow:
-    return FenceRow(
-        subject=m["subject"], step=m["step"], state=FenceState(m["state"]), epoch=int(m["epoch"]),
-        owner_job_id=m["owner_job_id"], owner_token=m["owner_token"], params_hash=m["params_hash"],
-        provider_key=m["provider_key"], request=m["request"], reference=m["reference"],
-        result=m["result"], retention_s=m["retention_s"], lease_live=bool(m["lease_live"]),
-        lease_until=m["lease_until"], created_at=m["created_at"], updated_at=m["updated_at"],
-        calling_at=m["calling_at"], completed_at=m["completed_at"])
