@@ -8,15 +8,10 @@ import asyncio
 import os
 import time
 
-from ringfence import App, WorkerSettings
+from support import worker_app
 
-app = App(
-    namespace=os.environ["RINGFENCE_NAMESPACE"],
-    environment="test",
-    worker=WorkerSettings(lease_s=float(os.environ.get("FAULT_LEASE_S", "2")),
-                          heartbeat_s=float(os.environ.get("FAULT_HEARTBEAT_S", "0.5")), recover_interval_s=0.5,
-                          promote_interval_s=0.1, shutdown_timeout_s=3.0, server_ttl_s=3.0),
-)
+app = worker_app(lease_s=float(os.environ.get("FAULT_LEASE_S", "2")),
+                 heartbeat_s=float(os.environ.get("FAULT_HEARTBEAT_S", "0.5")))
 DIR = os.environ["FAULT_DIR"]
 
 

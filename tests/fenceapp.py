@@ -1,42 +1,31 @@
-"""A worker app whose job charges an order through a fenced step. The "provider" is a table written in its
-own transaction (outside the job's), honouring the idempotency key the way a real provider does."""
+"""A worker app whose job charges an order through a fenced step. The provider is ringfence.testing's
+FakeProvider on a file ($FENCE_PROVIDER_DB) shared by the test and every worker process, so a charge made by a
+SIGKILLed worker is counted; it honours the idempotency key the way a real provider does."""
 
 from __future__ import annotations
 
 import os
 
-from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select, update
+from sqlalchemy import Column, Integer, MetaData, String, Table, update
 
-from ringfence import App, RetryPolicy, WorkerSettings
+from ringfence import RetryPolicy
+from ringfence.testing import FakeProvider, LostAnswer
+from support import worker_app
 
 ns = os.environ["RINGFENCE_NAMESPACE"]
-app = App(
-    namespace=ns,
-    environment="test",
-    fence_url=os.environ["FENCE_URL"],
-    worker=WorkerSettings(lease_s=2.0, heartbeat_s=0.5, recover_interval_s=0.5, promote_interval_s=0.1,
-                          shutdown_timeout_s=3.0, server_ttl_s=3.0),
-    retry=RetryPolicy(max_attempts=5, base_s=0.1, cap_s=0.3),
-)
+app = worker_app(fence=True, retry=RetryPolicy(max_attempts=5, base_s=0.1, cap_s=0.3))
 md = MetaData()
 orders = Table(f"orders_{ns}", md, Column("id", Integer, primary_key=True, autoincrement=False),
                Column("charge_id", String(64)))
-charges = Table(f"charges_{ns}", md, Column("id", Integer, primary_key=True, autoincrement=True),
-                Column("order_id", Integer), Column("idem_key", String(64)))
+provider = FakeProvider(os.environ["FENCE_PROVIDER_DB"])
 
 
 def engine():
     return app.fence_store.engine
 
 
-def provider_charge(order_id: int, key: str | None) -> str:
-    with engine().begin() as c:
-        if key is not None:
-            found = c.execute(select(charges.c.id).where(charges.c.idem_key == key)).scalar()
-            if found is not None:
-                return f"ch_{found}"
-        new = c.execute(insert(charges).values(order_id=order_id, idem_key=key)).inserted_primary_key[0]
-    return f"ch_{new}"
+def provider_charge(order_id: int, key: str | None, amount: int = 0) -> str:
+    return provider.charge(amount, key, order=order_id)
 
 
 def _charge(ctx, order_id: int, amount: int, **step_options) -> None:
@@ -73,18 +62,15 @@ async def charge_async(ctx, order_id: int, amount: int) -> None:
 
 def provider_charge_ignoring_key(order_id: int, key: str) -> str:
     """A provider that ignores idempotency keys (charges on every call) but keeps the key as metadata."""
-    with engine().begin() as c:
-        new = c.execute(insert(charges).values(order_id=order_id, idem_key=key)).inserted_primary_key[0]
-    return f"ch_{new}"
+    return provider.charge(0, key, order=order_id, dedup=False)
 
 
 def find_charge(key: str, request: dict) -> str | None:
     """The reconcile hook: look the charge up at the provider by the key it was sent with."""
     from ringfence.fence import NOT_HAPPENED
 
-    with engine().connect() as c:
-        found = c.execute(select(charges.c.id).where(charges.c.idem_key == key)).scalar()
-    return f"ch_{found}" if found is not None else NOT_HAPPENED  # type: ignore[return-value]
+    found = provider.lookup(key)
+    return found if found is not None else NOT_HAPPENED  # type: ignore[return-value]
 
 
 @app.task
@@ -98,10 +84,6 @@ def charge_hooked(ctx, order_id: int, amount: int) -> None:
             conn.execute(update(orders).where(orders.c.id == order_id).values(charge_id=ref))
 
 
-class ProviderTimeout(Exception):
-    pass
-
-
 @app.task
 def charge_then_fail(ctx, order_id: int, amount: int, mode: str) -> None:
     """Handler bugs that leave a step past capture behind: ``swallow`` catches the effect's error outside the
@@ -110,14 +92,11 @@ def charge_then_fail(ctx, order_id: int, amount: int, mode: str) -> None:
 
     try:
         with ctx.fence(f"{ns}:order:{order_id}", "charge", params={"amount": amount}) as step:
-            if mode == "swallow":
-                def charge_then_time_out() -> str:
-                    provider_charge(order_id, step.key)
-                    raise ProviderTimeout("read timed out after the provider committed the charge")
-                step.effect(charge_then_time_out)
+            if mode == "swallow":  # answered, then the answer was lost: the provider committed the charge
+                step.effect(lambda: provider.charge(amount, step.key, order=order_id, fault="lost"))
             step.effect(lambda: provider_charge(order_id, step.key))
             raise Permanent("the order was cancelled meanwhile")
-    except ProviderTimeout:
+    except LostAnswer:
         return
 
 

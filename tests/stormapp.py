@@ -14,17 +14,11 @@ import time
 import redis
 from sqlalchemy import Column, Integer, MetaData, String, Table, event, update
 
-from ringfence import App, RetryPolicy, WorkerSettings
+from ringfence import RetryPolicy
+from support import worker_app
 
 ns = os.environ["RINGFENCE_NAMESPACE"]
-app = App(
-    namespace=ns,
-    environment="test",
-    fence_url=os.environ["FENCE_URL"],
-    worker=WorkerSettings(lease_s=2.0, heartbeat_s=0.5, recover_interval_s=0.5, promote_interval_s=0.1,
-                          shutdown_timeout_s=3.0, server_ttl_s=3.0),
-    retry=RetryPolicy(max_attempts=5, base_s=0.1, cap_s=0.5),
-)
+app = worker_app(fence=True, retry=RetryPolicy(max_attempts=5, base_s=0.1, cap_s=0.5))
 md = MetaData()
 orders = Table(f"storm_orders_{ns}", md, Column("id", Integer, primary_key=True, autoincrement=False),
                Column("charge_id", String(64)))

@@ -11,6 +11,7 @@ The fake payment provider is public: :class:`ringfence.testing.FakeProvider`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -20,9 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from ringfence import App, WorkerSettings
+from ringfence import App, RetryPolicy, WorkerSettings
 from ringfence.redis.broker import Broker
 from ringfence.runtime import Runtime
 
@@ -45,9 +44,22 @@ FAST = WorkerSettings(lease_s=2.0, heartbeat_s=0.5, recover_interval_s=0.5, prom
 
 def service_missing(name: str, why: str) -> None:
     """In CI a missing service fails the test; on a laptop it skips."""
+    import pytest  # here: worker processes import this module too (worker_app), and need no pytest
+
     if REQUIRE:
         pytest.fail(f"{name} is required (CI) but unreachable: {why}")
     pytest.skip(f"{name} unreachable: {why}")
+
+
+def worker_app(*, fence: bool = False, environment: str = "test", retry: RetryPolicy | None = None,
+               **timing: float) -> App:
+    """The App of a helper app that real worker processes import (tests/*app.py).
+
+    Namespace (and, with ``fence``, the fence database ``FENCE_URL``) from the environment the test set; the
+    FAST timings, ``timing`` overriding some of them (``lease_s=3.0``)."""
+    return App(namespace=os.environ["RINGFENCE_NAMESPACE"], environment=environment,
+               fence_url=os.environ["FENCE_URL"] if fence else None,
+               worker=dataclasses.replace(FAST, **timing), retry=retry)
 
 
 class WorkerProc:

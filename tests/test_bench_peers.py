@@ -19,10 +19,13 @@ if ROOT not in sys.path:
 from bench.peers import libs, measure, procs, report  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+# Start-up and drain bounds are generous: a worker's warm-up took over 30 s at load 37 on two cores. They bound
+# the wait only; the figures asserted below are the same.
 TINY = measure.Sizes(single=50, bulk=300, drain=300, latency_rate=100, latency_s=0.5, memory=200,
-                     drain_timeout_s=30, start_timeout_s=30, settle_s=0.2)
+                     drain_timeout_s=120, start_timeout_s=120, settle_s=0.2)
 
 
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize(("name", "figures"), [("ringfence", ("enqueue", "memory", "drain", "latency")),
                                               ("ringfence-async", ("drain",))])
 def test_harness_measures_ringfence(name: str, figures: tuple[str, ...], tmp_path: Path) -> None:

@@ -4,9 +4,10 @@ finished or in doubt with a reason (real worker processes on PostgreSQL)."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import pytest
-from sqlalchemy import func, insert, select
+from sqlalchemy import insert
 
 from ringfence.fence import FenceState
 from support import wait_until
@@ -23,11 +24,12 @@ def spawn(spawn_worker, url: str, faults: str = ""):
 
 
 def charges_by_order(mod) -> dict[int, int]:
-    with mod.engine().connect() as c:
-        rows = c.execute(select(mod.charges.c.order_id, func.count()).group_by(mod.charges.c.order_id)).all()
-    return {int(o): int(n) for o, n in rows}
+    return dict(Counter(int(c.order) for c in mod.provider.records()))
 
 
+# The waits below are generous bounds on worker start-up and progress (a loaded 2-core machine starts a Python
+# worker in tens of seconds); what is asserted is the ledger and the fence rows at the end.
+@pytest.mark.timeout(420)
 @pytest.mark.parametrize("task", ["charge_slow_hook_async", "charge_slow_hook_sync"])
 @pytest.mark.parametrize("fence_url", ["postgresql"], indirect=True)
 def test_slow_hook_under_sigkills(fapp, spawn_worker, fence_url, task) -> None:  # noqa: F811
@@ -39,17 +41,17 @@ def test_slow_hook_under_sigkills(fapp, spawn_worker, fence_url, task) -> None: 
     # claimed or calling (charged or not), owned by a dead attempt.
     first = spawn_worker("--app", "fenceapp:app", "--concurrency", str(len(ORDERS)),
                          env={"FENCE_URL": fence_url, "RINGFENCE_FAULTS": "after_effect"})
-    assert first.wait(30) == -9
+    assert first.wait(120) == -9
     # Two workers rerun them: six 1.3 s hooks per worker (the heartbeat is 0.5 s, the lease 2 s). One of them
     # is SIGKILLed while its hooks run and replaced.
     victim = spawn(spawn_worker, fence_url)
     spawn(spawn_worker, fence_url)
-    wait_until(lambda: any(r is not None and r.epoch == 2 for r in fence_rows(fapp).values()), timeout=20)
+    wait_until(lambda: any(r is not None and r.epoch == 2 for r in fence_rows(fapp).values()), timeout=90)
     time.sleep(0.5)
     victim.kill()
     spawn(spawn_worker, fence_url)
     counts = lambda: fapp.app.broker.queue_counts("default")  # noqa: E731
-    wait_until(lambda: counts()["stats"].get("processed", 0) + counts()["dead"] == len(ORDERS), timeout=90)
+    wait_until(lambda: counts()["stats"].get("processed", 0) + counts()["dead"] == len(ORDERS), timeout=180)
 
     rows = fence_rows(fapp)
     assert charges_by_order(fapp) == {o: 1 for o in ORDERS}

@@ -14,6 +14,16 @@ from ringfence import App, DeadJob, Permanent, RetryLater, RetryPolicy
 from ringfence.cli import main as cli
 from ringfence.inspect import DeadFilter, dead_jobs, find_dead, queue_info
 from ringfence.worker.worker import Worker
+from support import SimClock
+
+
+async def until(done: Callable[[], Any], runner: asyncio.Task[Any], timeout: float = 30) -> None:
+    """Wait (real time) for ``done()`` while the worker ``runner`` keeps running."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "condition not met in time"
+        assert not runner.done(), runner.result()
+        await asyncio.sleep(0.02)
 
 
 async def run_until(app: App, done: Callable[[], Any], timeout: float = 15, **kw: Any) -> Worker:
@@ -31,24 +41,36 @@ async def run_until(app: App, done: Callable[[], Any], timeout: float = 15, **kw
     return worker
 
 
-async def test_retries_follow_the_profile_and_stop_at_max_attempts(make_app) -> None:
-    app = make_app()
-    runs: list[float] = []
+async def test_retries_follow_the_profile_and_stop_at_max_attempts(make_app, clock: SimClock) -> None:
+    app = make_app(clock=clock)  # time moves only when the test says: each delay is checked to the millisecond
+    runs: list[int] = []
     dead: list[DeadJob] = []
     app.on_dead(dead.append)
 
     @app.task(retry=RetryPolicy(max_attempts=4, base_s=0.2, cap_s=0.3, jitter=False))
     async def flaky(ctx) -> None:
-        runs.append(time.monotonic())
+        runs.append(clock.ms)
         raise ConnectionError(f"attempt {ctx.attempt}")
 
     job = flaky.enqueue()
-    await run_until(app, lambda: dead)
+    k = app.broker.keys.queue("default")
+    retry_at = lambda: app.broker.sync.zscore(k.retry, job)  # noqa: E731
+    worker = Worker(app)
+    runner = asyncio.create_task(worker.run())
+    try:
+        # No jitter: 0.2, 0.3 (cap), 0.3 after attempts 1, 2, 3; the fourth failure is the last.
+        for attempt, delay_ms in enumerate([200, 300, 300], start=1):
+            await until(lambda n=attempt: len(runs) == n and retry_at() is not None, runner)
+            assert retry_at() == clock.ms + delay_ms
+            clock.advance((delay_ms - 1) / 1000)  # a millisecond early: the promoter's script moves nothing
+            assert app.broker.run(app.broker.promote("default")) == 0 and len(runs) == attempt
+            clock.advance(0.001)  # due: the promoter moves it, a fetch runs it
+        await until(lambda: dead, runner)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(runner, 10)
     assert len(runs) == 4
-    gaps = [b - a for a, b in itertools.pairwise(runs)]
-    # No jitter: 0.2, 0.3 (cap), 0.3; promotion adds at most ~0.1s.
-    for gap, want in zip(gaps, [0.2, 0.3, 0.3], strict=True):
-        assert want - 0.01 <= gap <= want + 0.35
+    assert [b - a for a, b in itertools.pairwise(runs)] == [200, 300, 300]
     [d] = dead
     assert d.id == job and d.reason == "max_attempts" and d.attempts == 4
     stored = find_dead(app.broker, job)
@@ -223,7 +245,8 @@ async def test_graceful_shutdown_requeues_unfinished_async_job_without_burning(m
     t0 = time.monotonic()
     worker.request_stop()
     await asyncio.wait_for(runner, 15)
-    assert time.monotonic() - t0 < app.worker_settings.shutdown_timeout_s + 2
+    # Bounded by shutdown_timeout_s (3 s), not by the job's 60 s; the slack is for a loaded machine.
+    assert time.monotonic() - t0 < app.worker_settings.shutdown_timeout_s + 7
     assert saw_cancel == [True]
     k = app.broker.keys.queue("default")
     assert app.broker.sync.lrange(k.pending, 0, -1) == [job.encode()]
@@ -234,7 +257,9 @@ async def test_graceful_shutdown_requeues_unfinished_async_job_without_burning(m
 async def test_idle_worker_wakes_on_enqueue_without_polling(make_app) -> None:
     from ringfence import WorkerSettings
 
-    app = make_app(worker=WorkerSettings())  # default heartbeat: the fallback timer fires only every 5 s
+    # A long heartbeat: the fallback timer fires only every 30 s, so a start within 15 s of the enqueue (however
+    # loaded the machine) is a wake-up, and a worker that only polled would start nothing before the deadline.
+    app = make_app(worker=WorkerSettings(heartbeat_s=30, lease_s=60, server_ttl_s=90))
     started: list[float] = []
 
     @app.task
@@ -243,12 +268,14 @@ async def test_idle_worker_wakes_on_enqueue_without_polling(make_app) -> None:
 
     worker = Worker(app)
     runner = asyncio.create_task(worker.run())
-    await asyncio.sleep(1.0)  # idle: asleep on the wake channel (fallback timer is heartbeat_s)
-    for _ in range(5):
-        await t.aenqueue()
-        await asyncio.sleep(0.1)
-    worker.request_stop()
-    await asyncio.wait_for(runner, 10)
+    try:
+        await asyncio.sleep(1.0)  # idle: asleep on the wake channel (fallback timer is heartbeat_s)
+        for n in range(1, 6):
+            await t.aenqueue()
+            await until(lambda n=n: len(started) == n, runner, timeout=app.worker_settings.heartbeat_s / 2)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(runner, 10)
     assert len(started) == 5
     # Far below the fallback interval: the worker was woken, not polling.
     assert max(started) < app.worker_settings.heartbeat_s * 1000 / 2
@@ -263,10 +290,10 @@ def test_queue_spec_errors(bad: str) -> None:
         parse_queues(bad)
 
 
-async def test_dead_letter_retention_is_explicit(make_app) -> None:
+async def test_dead_letter_retention_is_explicit(make_app, clock: SimClock) -> None:
     import dataclasses
 
-    keep = make_app()
+    keep = make_app(clock=clock)
 
     @keep.task(max_attempts=1)
     async def fails(ctx) -> None:
@@ -274,7 +301,7 @@ async def test_dead_letter_retention_is_explicit(make_app) -> None:
 
     fails.enqueue()
     await run_until(keep, lambda: queue_info(keep.broker, "default")["dead"] == 1)
-    await asyncio.sleep(0.6)
+    clock.advance(365 * 86_400)  # a year later
     await run_until(keep, lambda: True)
     assert queue_info(keep.broker, "default")["dead"] == 1  # no retention configured: kept
 
@@ -283,13 +310,14 @@ async def test_dead_letter_retention_is_explicit(make_app) -> None:
 
 
 @pytest.mark.parametrize("concurrency", [1, 2])
-async def test_a_lost_sync_run_keeps_its_slot_until_its_thread_returns(make_app, concurrency: int) -> None:
+async def test_a_lost_sync_run_keeps_its_slot_until_its_thread_returns(make_app, clock: SimClock,
+                                                                      concurrency: int) -> None:
     """Another attempt takes the lease of a sync job whose thread cannot be stopped. The old thread keeps its
     slot: a later job does not wait in the pool behind it (its timeout would run meanwhile), and the job's
     next run in this process starts only once the old thread has returned."""
     import threading
 
-    app = make_app()
+    app = make_app(clock=clock)
     spans: dict[tuple[str, int], list[float]] = {}
     started = threading.Event()
 
@@ -316,6 +344,7 @@ async def test_a_lost_sync_run_keeps_its_slot_until_its_thread_returns(make_app,
         await asyncio.to_thread(started.wait, 10)
         k = app.broker.keys.queue("default")
         app.broker.sync.hset(k.lease, job, "another-attempt")  # what a recovery by another worker leaves
+        clock.advance(app.worker_settings.lease_s)  # its lease runs out at once: the job goes back to the queue
         short.enqueue()
         deadline = time.monotonic() + 20
         while queue_info(app.broker, "default")["processed"] < 2:

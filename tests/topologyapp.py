@@ -8,13 +8,11 @@ import time
 
 import redis
 
-from ringfence import App, RetryPolicy, WorkerSettings
+from ringfence import RetryPolicy
+from support import worker_app
 
 ns = os.environ["RINGFENCE_NAMESPACE"]
-app = App(namespace=ns, environment="test",
-          worker=WorkerSettings(lease_s=3.0, heartbeat_s=0.5, recover_interval_s=0.5, promote_interval_s=0.1,
-                                shutdown_timeout_s=3.0, server_ttl_s=3.0),
-          retry=RetryPolicy(max_attempts=5, base_s=0.1, cap_s=0.5))
+app = worker_app(lease_s=3.0, retry=RetryPolicy(max_attempts=5, base_s=0.1, cap_s=0.5))
 record = redis.Redis.from_url(os.environ["TEST_RECORD_URL"])
 
 

@@ -8,16 +8,13 @@ import time
 
 import redis
 
-from ringfence import App, Permanent, RetryPolicy, WorkerSettings
+from ringfence import Permanent, RetryPolicy
+from support import worker_app
 
 ns = os.environ["RINGFENCE_NAMESPACE"]
-app = App(
-    namespace=ns,
-    environment=os.environ.get("RINGFENCE_ENV", "test"),
-    worker=WorkerSettings(lease_s=2.0, heartbeat_s=0.5, recover_interval_s=0.5, promote_interval_s=0.1,
-                          shutdown_timeout_s=float(os.environ.get("TEST_SHUTDOWN_S", "3")), server_ttl_s=3.0),
-    retry=RetryPolicy(max_attempts=3, base_s=0.1, cap_s=0.5),
-)
+app = worker_app(environment=os.environ.get("RINGFENCE_ENV", "test"),
+                 shutdown_timeout_s=float(os.environ.get("TEST_SHUTDOWN_S", "3")),
+                 retry=RetryPolicy(max_attempts=3, base_s=0.1, cap_s=0.5))
 r = redis.Redis.from_url(os.environ["RINGFENCE_REDIS_URL"])
 
 
@@ -35,9 +32,10 @@ async def noop(ctx, n: int) -> None:
 
 
 @app.task
-async def slow(ctx, seconds: float) -> None:
+async def slow(ctx, seconds: float, first_s: float | None = None) -> None:
+    """Sleeps ``seconds`` (``first_s`` on the first attempt, when given: one that is meant to be killed)."""
     log("started", ctx.id, ctx.attempt, time.time())
-    await asyncio.sleep(seconds)
+    await asyncio.sleep(first_s if first_s is not None and ctx.attempt == 1 else seconds)
     log("finished", ctx.id, ctx.attempt, time.time())
 
 
