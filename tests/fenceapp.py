@@ -24,16 +24,23 @@ def engine():
     return app.fence_store.engine
 
 
-def provider_charge(order_id: int, key: str | None, amount: int = 0) -> str:
-    return provider.charge(amount, key, order=order_id)
-
-
-def _charge(ctx, order_id: int, amount: int, **step_options) -> None:
+def _charge(ctx, order_id: int, amount: int, dedup: bool = True, **step_options) -> None:
+    """The fenced charge. ``dedup=False``: the provider ignores keys (it keeps them as metadata)."""
     with ctx.fence(f"{ns}:order:{order_id}", "charge", params={"amount": amount}, **step_options) as step:
         if step.done:
             return
-        ref = step.effect(lambda: provider_charge(order_id, step.key))
+        ref = step.effect(lambda: provider.charge(amount, step.key, order=order_id, dedup=dedup))
         with step.complete(engine(), result={"charge_id": ref}) as conn:
+            conn.execute(update(orders).where(orders.c.id == order_id).values(charge_id=ref))
+
+
+async def _acharge(ctx, order_id: int, amount: int, dedup: bool = True, **step_options) -> None:
+    """The same fenced charge from an async handler."""
+    async with ctx.fence(f"{ns}:order:{order_id}", "charge", params={"amount": amount}, **step_options) as step:
+        if step.done:
+            return
+        ref = await step.effect(lambda: provider.charge(amount, step.key, order=order_id, dedup=dedup))
+        async with step.complete(engine(), result={"charge_id": ref}) as conn:
             conn.execute(update(orders).where(orders.c.id == order_id).values(charge_id=ref))
 
 
@@ -51,18 +58,7 @@ def charge_strict(ctx, order_id: int, amount: int) -> None:
 
 @app.task
 async def charge_async(ctx, order_id: int, amount: int) -> None:
-    async with ctx.fence(f"{ns}:order:{order_id}", "charge", params={"amount": amount},
-                         provider_dedup=True, key_window_s=3600) as step:
-        if step.done:
-            return
-        ref = await step.effect(lambda: provider_charge(order_id, step.key))
-        async with step.complete(engine(), result={"charge_id": ref}) as conn:
-            conn.execute(update(orders).where(orders.c.id == order_id).values(charge_id=ref))
-
-
-def provider_charge_ignoring_key(order_id: int, key: str) -> str:
-    """A provider that ignores idempotency keys (charges on every call) but keeps the key as metadata."""
-    return provider.charge(0, key, order=order_id, dedup=False)
+    await _acharge(ctx, order_id, amount, provider_dedup=True, key_window_s=3600)
 
 
 def find_charge(key: str, request: dict) -> str | None:
@@ -76,12 +72,7 @@ def find_charge(key: str, request: dict) -> str | None:
 @app.task
 def charge_hooked(ctx, order_id: int, amount: int) -> None:
     """The provider ignores keys; an in-doubt call is settled by the reconcile hook."""
-    with ctx.fence(f"{ns}:order:{order_id}", "charge", params={"amount": amount}, reconcile=find_charge) as step:
-        if step.done:
-            return
-        ref = step.effect(lambda: provider_charge_ignoring_key(order_id, step.key))
-        with step.complete(engine(), result={"charge_id": ref}) as conn:
-            conn.execute(update(orders).where(orders.c.id == order_id).values(charge_id=ref))
+    _charge(ctx, order_id, amount, dedup=False, reconcile=find_charge)
 
 
 @app.task
@@ -94,7 +85,7 @@ def charge_then_fail(ctx, order_id: int, amount: int, mode: str) -> None:
         with ctx.fence(f"{ns}:order:{order_id}", "charge", params={"amount": amount}) as step:
             if mode == "swallow":  # answered, then the answer was lost: the provider committed the charge
                 step.effect(lambda: provider.charge(amount, step.key, order=order_id, fault="lost"))
-            step.effect(lambda: provider_charge(order_id, step.key))
+            step.effect(lambda: provider.charge(amount, step.key, order=order_id))
             raise Permanent("the order was cancelled meanwhile")
     except LostAnswer:
         return
@@ -111,21 +102,10 @@ def slow_find_charge(key: str, request: dict) -> str | None:
 @app.task
 async def charge_slow_hook_async(ctx, order_id: int, amount: int) -> None:
     """Async handler, provider ignoring keys, a slow sync reconcile hook."""
-    async with ctx.fence(f"{ns}:order:{order_id}", "charge", params={"amount": amount},
-                         reconcile=slow_find_charge) as step:
-        if step.done:
-            return
-        ref = await step.effect(lambda: provider_charge_ignoring_key(order_id, step.key))
-        async with step.complete(engine(), result={"charge_id": ref}) as conn:
-            conn.execute(update(orders).where(orders.c.id == order_id).values(charge_id=ref))
+    await _acharge(ctx, order_id, amount, dedup=False, reconcile=slow_find_charge)
 
 
 @app.task
 def charge_slow_hook_sync(ctx, order_id: int, amount: int) -> None:
     """Sync handler, provider ignoring keys, a slow reconcile hook."""
-    with ctx.fence(f"{ns}:order:{order_id}", "charge", params={"amount": amount}, reconcile=slow_find_charge) as step:
-        if step.done:
-            return
-        ref = step.effect(lambda: provider_charge_ignoring_key(order_id, step.key))
-        with step.complete(engine(), result={"charge_id": ref}) as conn:
-            conn.execute(update(orders).where(orders.c.id == order_id).values(charge_id=ref))
+    _charge(ctx, order_id, amount, dedup=False, reconcile=slow_find_charge)

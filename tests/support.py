@@ -134,6 +134,17 @@ def database_answering(name: str, url: str) -> str:
     return url
 
 
+ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg_async", "mysql": "mysql+aiomysql"}
+
+
+def async_url(url: str) -> str:
+    """The same database through SQLAlchemy's asyncio driver (``create_async_engine``)."""
+    from sqlalchemy import make_url
+
+    u = make_url(url)
+    return u.set(drivername=ASYNC_DRIVERS[u.get_backend_name()]).render_as_string(hide_password=False)
+
+
 def database_url(name: str, tmp_path: Path) -> str:
     """The URL of database ``name`` (a fresh SQLite file under ``tmp_path`` for "sqlite"), checked to answer."""
     return database_answering(name, DATABASES[name] or f"sqlite:///{tmp_path}/app.db")

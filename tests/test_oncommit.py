@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from ringfence import App, PayloadError, oncommit
 from ringfence.fence.aftercommit import kept
-from support import FAST, database_url, wait_until
+from support import FAST, async_url, database_url, wait_until
 from topology import HAVE_REDIS, Servers, free_port
 
 DBS = ["postgresql", "sqlite"]
@@ -220,16 +220,12 @@ async def test_async_session_with_redis_unreachable_keeps_the_job(tmp_path: Path
     app.close()
 
 
-ASYNC_URLS = {"postgresql": "postgresql+psycopg_async://root@127.0.0.1:5432/test", "sqlite": None}
-
-
 async def test_async_session_and_connection(app: App, db: tuple[str, Table], tmp_path: Path) -> None:
     from sqlalchemy.ext.asyncio import AsyncSession
 
     url, table = db
     receipt, _ = tasks(app)
-    aurl = ASYNC_URLS["postgresql"] if url.startswith("postgresql") else url.replace("sqlite://", "sqlite+aiosqlite://")
-    engine = create_async_engine(aurl)
+    engine = create_async_engine(async_url(url))
     async with AsyncSession(engine) as s:
         await s.execute(insert(table).values(id=1, note="a"))
         sent = receipt.enqueue_on_commit(s, order_id=1)

@@ -322,9 +322,11 @@ async def test_a_lost_sync_run_keeps_its_slot_until_its_thread_returns(make_app,
     started = threading.Event()
 
     cancelled: list[bool] = []
+    contexts: list[Any] = []
 
     @app.task
     def long(ctx) -> None:
+        contexts.append(ctx)
         spans[("long", ctx.attempt)] = [time.monotonic()]
         started.set()
         time.sleep(3.5 if ctx.attempt == 1 else 0.1)  # ignores ctx.cancelled, as a blocking call would
@@ -344,7 +346,8 @@ async def test_a_lost_sync_run_keeps_its_slot_until_its_thread_returns(make_app,
         await asyncio.to_thread(started.wait, 10)
         k = app.broker.keys.queue("default")
         app.broker.sync.hset(k.lease, job, "another-attempt")  # what a recovery by another worker leaves
-        clock.advance(app.worker_settings.lease_s)  # its lease runs out at once: the job goes back to the queue
+        await until(lambda: contexts[0].cancelled.is_set(), runner)  # a heartbeat found the lease lost
+        clock.advance(app.worker_settings.lease_s)  # then it runs out: the job goes back to the queue
         short.enqueue()
         deadline = time.monotonic() + 20
         while queue_info(app.broker, "default")["processed"] < 2:

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from ringfence.errors import FencedOut
 from ringfence.fence import Fences, FenceState, create_all, ddl
+from support import async_url
 
 SYNC_KINDS = ["engine", "connection", "session", "dbapi"]
 
@@ -107,16 +108,12 @@ def test_stale_epoch_rolls_back_the_callers_write(backend: Backend, db: Any, sub
     assert row is not None and row.epoch == 2
 
 
-ASYNC_URLS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg", "mariadb": "mysql+aiomysql"}
-
-
 @pytest.mark.parametrize("kind", ["engine", "connection", "session"])
 async def test_async_handler_and_completion(backend: Backend, kind: str, subject: str, provider: Provider,
                                             make_owner: OwnerFactory) -> None:
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
-    url = sa.make_url(backend.url).set(drivername=ASYNC_URLS[backend.name])
-    engine = create_async_engine(url)
+    engine = create_async_engine(async_url(backend.url))
 
     async def charge_async() -> str:
         return provider.charge(7, idempotency_key=step.key)

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from ringfence.errors import InDoubt
 from ringfence.fence import NOT_HAPPENED, Fences, FenceState, FenceStore, Owner
 from ringfence.fence.dbretry import make_engine
+from support import async_url
 
 
 class Killer:
@@ -225,8 +226,7 @@ async def test_async_engine_completion_survives_a_dead_pooled_connection(
     from sqlalchemy.ext.asyncio import create_async_engine
 
     store, killer = rig
-    drivers = {"postgresql": "postgresql+psycopg", "mariadb": "mysql+aiomysql"}
-    url = sa.make_url(backend.url).set(drivername=drivers[backend.name])
+    url = async_url(backend.url)
     args = {"application_name": killer.app_name} if backend.name == "postgresql" else {}
     aengine = create_async_engine(url, connect_args=args)
     akiller = Killer(aengine.sync_engine, killer.admin, store.table.name, killer.app_name)
