@@ -6,17 +6,11 @@ import os
 
 import redis
 
-from ringfence import App, WorkerSettings
+from support import worker_app
 
 ns = os.environ["RINGFENCE_NAMESPACE"]
 relay_s = os.environ.get("TEST_RELAY_S")
-app = App(
-    namespace=ns,
-    environment="test",
-    worker=WorkerSettings(lease_s=2.0, heartbeat_s=0.5, recover_interval_s=0.5, promote_interval_s=0.1,
-                          shutdown_timeout_s=3.0, server_ttl_s=3.0,
-                          relay_outbox_s=float(relay_s) if relay_s else None),
-)
+app = worker_app(relay_outbox_s=float(relay_s) if relay_s else None)
 r = redis.Redis.from_url(os.environ["RINGFENCE_REDIS_URL"])
 
 

@@ -52,7 +52,7 @@ def service_missing(name: str, why: str) -> None:
 
 
 def worker_app(*, fence: bool = False, environment: str = "test", retry: RetryPolicy | None = None,
-               **timing: float) -> App:
+               **timing: Any) -> App:
     """The App of a helper app that real worker processes import (tests/*app.py).
 
     Namespace (and, with ``fence``, the fence database ``FENCE_URL``) from the environment the test set; the
@@ -137,8 +137,8 @@ def database_answering(name: str, url: str) -> str:
 ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg_async", "mysql": "mysql+aiomysql"}
 
 
-def async_url(url: str) -> str:
-    """The same database through SQLAlchemy's asyncio driver (``create_async_engine``)."""
+def async_url(url: Any) -> str:
+    """The same database (a URL string or ``sqlalchemy.URL``) through SQLAlchemy's asyncio driver."""
     from sqlalchemy import make_url
 
     u = make_url(url)

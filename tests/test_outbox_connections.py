@@ -15,9 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 import outbox_helpers
 from outbox_helpers import rows
 from ringfence import App
+from support import async_url
 
 db = outbox_helpers.db  # the fixture: SQLite, PostgreSQL and MariaDB
-ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg", "mysql": "mysql+aiomysql"}
 
 
 def _app(make_app) -> App:
@@ -29,18 +29,13 @@ def _app(make_app) -> App:
     return app
 
 
-def _async_url(engine: sa.Engine) -> str:
-    url = engine.url.set(drivername=ASYNC_DRIVERS[engine.dialect.name])
-    return url.render_as_string(hide_password=False)
-
-
 def _payloads(engine: sa.Engine, namespace: str) -> list[Any]:
     return [orjson.loads(r["spec"])["a"]["n"] for r in rows(engine, namespace)]
 
 
 async def test_an_async_connection_and_an_async_session(make_app, db, namespace) -> None:
     charge = _app(make_app).registry.get("charge")
-    engine = create_async_engine(_async_url(db))
+    engine = create_async_engine(async_url(db.url))
     try:
         async with engine.connect() as conn:
             await conn.begin()
@@ -63,7 +58,7 @@ async def test_an_async_connection_and_an_async_session(make_app, db, namespace)
 
 async def test_the_sync_method_refuses_an_async_connection(make_app, db) -> None:
     charge = _app(make_app).registry.get("charge")
-    engine = create_async_engine(_async_url(db))
+    engine = create_async_engine(async_url(db.url))
     try:
         async with engine.connect() as conn:
             with pytest.raises(TypeError, match="aenqueue_in"):
