@@ -1,9 +1,9 @@
 """A worker app for the database-storm test: 30 orders charged through a strict fence (no provider dedup,
 no reconcile hook) while the test kills this app's database connections.
 
-The "provider" counts its effects per idempotency key in Redis, outside the database under attack, so a
-double effect is visible. On MariaDB every connection this app opens records its id in Redis: the test
-kills only those.
+The provider is ringfence.testing's FakeProvider on a file ($FENCE_PROVIDER_DB), outside the database under
+attack; it ignores keys (every call is a charge, kept with its key), so a double effect is visible. On MariaDB
+every connection this app opens records its id in Redis: the test kills only those.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import redis
 from sqlalchemy import Column, Integer, MetaData, String, Table, event, update
 
 from ringfence import RetryPolicy
+from ringfence.testing import FakeProvider
 from support import worker_app
 
 ns = os.environ["RINGFENCE_NAMESPACE"]
@@ -22,8 +23,8 @@ app = worker_app(fence=True, retry=RetryPolicy(max_attempts=5, base_s=0.1, cap_s
 md = MetaData()
 orders = Table(f"storm_orders_{ns}", md, Column("id", Integer, primary_key=True, autoincrement=False),
                Column("charge_id", String(64)))
-effects = redis.Redis.from_url(os.environ["RINGFENCE_REDIS_URL"])
-EFFECTS = f"{ns}:test:effects"  # idempotency key -> provider effects
+provider = FakeProvider(os.environ["FENCE_PROVIDER_DB"], honours_keys=False)
+ids = redis.Redis.from_url(os.environ["RINGFENCE_REDIS_URL"])
 CONN_IDS = f"{ns}:test:conn_ids"  # MariaDB connection ids this app opened
 EFFECT_S = float(os.environ.get("STORM_EFFECT_S", "1.0"))
 
@@ -33,7 +34,7 @@ def engine():
 
 
 def _record_connection_id(dbapi_conn, record) -> None:
-    effects.sadd(CONN_IDS, dbapi_conn.thread_id())
+    ids.sadd(CONN_IDS, dbapi_conn.thread_id())
 
 
 if engine().dialect.name in ("mysql", "mariadb"):
@@ -43,9 +44,9 @@ if engine().dialect.name in ("mysql", "mariadb"):
 
 
 def provider_charge(key: str, order_id: int) -> str:
-    effects.hincrby(EFFECTS, key, 1)
+    ref = provider.charge(0, key, order=order_id)
     time.sleep(EFFECT_S)  # in flight while connections die
-    return f"ch_{order_id}"
+    return ref
 
 
 @app.task
