@@ -254,3 +254,15 @@ async def test_an_async_fence_rides_out_its_connections_being_killed(backend: Ba
     finally:
         store.engine.dispose()
         admin.dispose()
+
+
+def test_the_mariadb_autocommit_pool_is_disposed_with_the_store_engine(url_store: FenceStore, subject: str,
+                                                                      provider: Provider,
+                                                                      make_owner: OwnerFactory) -> None:
+    if url_store.engine.dialect.name == "postgresql":
+        pytest.skip("MariaDB's own pool")
+    assert url_store.auto is not url_store.engine
+    one_job(url_store, make_owner(), subject, provider)
+    assert url_store.auto.pool.checkedin() >= 1  # the fence's statements used its own pool
+    url_store.engine.dispose()
+    assert url_store.auto.pool.checkedin() == 0
