@@ -42,6 +42,9 @@ def test_slow_hook_under_sigkills(fapp, spawn_worker, fence_url, task) -> None: 
     first = spawn_worker("--app", "fenceapp:app", "--concurrency", str(len(ORDERS)),
                          env={"FENCE_URL": fence_url, "RINGFENCE_FAULTS": "after_effect"})
     assert first.wait(120) == -9
+    # The fences the killed worker opened: on a loaded machine it may die before it fetched all twelve.
+    left = {o for o, r in fence_rows(fapp).items() if r is not None}
+    assert left  # at least the one it died in
     # Two workers rerun them: six 1.3 s hooks per worker (the heartbeat is 0.5 s, the lease 2 s). One of them
     # is SIGKILLed while its hooks run and replaced.
     victim = spawn(spawn_worker, fence_url)
@@ -56,10 +59,11 @@ def test_slow_hook_under_sigkills(fapp, spawn_worker, fence_url, task) -> None: 
     rows = fence_rows(fapp)
     assert charges_by_order(fapp) == {o: 1 for o in ORDERS}
     assert all(r.state is FenceState.COMPLETED for r in rows.values()), rows
-    # Epoch 2: the takeover from the first, killed worker; 3 when the victim held it too. No takeover ever
-    # came from a live run losing its lease during a hook.
+    # Epoch 2: the takeover from the first, killed worker (1 for an order it never opened); one more when the
+    # victim held it too. No takeover ever came from a live run losing its lease during a hook.
     epochs = {o: r.epoch for o, r in rows.items()}
-    assert max(epochs.values()) <= 3 and min(epochs.values()) >= 2, epochs
+    base = {o: 2 if o in left else 1 for o in ORDERS}
+    assert all(base[o] <= e <= base[o] + 1 for o, e in epochs.items()), (epochs, sorted(left))
 
 
 def fence_rows(mod) -> dict[int, object]:
