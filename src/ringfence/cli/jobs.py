@@ -18,7 +18,7 @@ from ringfence.oncommit import options_from_record
 
 @main.group()
 def job() -> None:
-    """One job, whatever its state: show it, cancel it."""
+    """One job, whatever its state: show it, cancel it; resend on-commit jobs Redis did not take."""
 
 
 @job.command()
