@@ -185,6 +185,9 @@ class Worker:
                 "duration_p95_s": self.metrics.duration_p95()}
 
     async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # from the start: a stop during start-up is graceful too
+            loop.add_signal_handler(sig, self.request_stop)
         await self._connect()
         await asyncio.to_thread(self.runtime.prepare_fence_tables)  # not raced by the first jobs
         names = [q for q, _ in self.queues]
@@ -193,9 +196,6 @@ class Worker:
             log.info("serving task %s v%d (reads versions %s; queue %s, timeout %gs, max_attempts %d)", name,
                      task.version, ",".join(map(str, task.codec.understood())), task.options.queue,
                      task.options.timeout_s, task.options.retry.max_attempts)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.request_stop)
         queue_set = QueueSet(self.broker, names)
         s = self.settings
         heartbeat = Heartbeat(self.broker, s, self.identity(), names, self.processor, self._live)
@@ -289,6 +289,10 @@ def run_worker(app: App, queues: list[tuple[str, int]] | None = None, *, concurr
     worker = Worker(app, queues, concurrency=concurrency, strict=strict, max_wait=max_wait, scheduler=scheduler,
                     metrics_port=metrics_port, alerts=alerts, metrics_host=metrics_host)
     code = run_loop(worker.run())
+    # The loop gave the signals back to their defaults: a second signal during the rest of the exit (threads,
+    # interpreter teardown, slow under load) must still mean "exit at once" with its code, not death by signal.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: worker.request_stop())
     if worker.processor.threads:
         # A thread cannot be stopped: leave without joining it. Its job's lease, no longer renewed, brings it back.
         log.warning("exiting with %d sync handler(s) still running; their jobs return when their leases lapse",
