@@ -141,7 +141,7 @@ async def test_sweep_that_cannot_check_does_not_let_the_job_die_blind(app: App, 
     short = WorkerSettings(lease_s=1.0, heartbeat_s=0.25)
     t0 = time.monotonic()
     assert await Fencing(app, app.broker, short).leaving(fetched(job)) is None
-    assert 0.5 < time.monotonic() - t0 < 5
+    assert 0.3 < time.monotonic() - t0 < 5  # it retried: its jittered delays sum to at least 0.35 s within a 1 s lease
     row = app.fence_store.get(SUBJECT, "charge")
     assert row is not None and row.state is FenceState.CALLING  # untouched: the next attempt's sweep decides
 
