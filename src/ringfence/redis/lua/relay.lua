@@ -17,58 +17,28 @@
 -- Returns: per job 1 (added, or the id holds this very spec), 0 (the id holds another job), 2 (sent before:
 -- refused) or the id of the queued or running job that holds the unique key.
 local now = tonumber(ARGV[1])
+--@include add_job
 for i = 4, #ARGV, 5 do
   if not tonumber(ARGV[i + 2]) or not tonumber(ARGV[i + 4]) then
     return redis.error_reply('relay: run-at and hold end of job ' .. ARGV[i] .. ' must be numbers')
   end
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now - tonumber(ARGV[3]))
-local stale = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now, 'LIMIT', 0, 20)
-for _, ukey in ipairs(stale) do
-  redis.call('ZREM', KEYS[7], ukey)
-  redis.call('HDEL', KEYS[6], ukey)
-end
+forget_stale_holds(now)
 local out, added, ready, refused = {}, 0, 0, 0
 for i = 4, #ARGV, 5 do
-  local id, at, ukey = ARGV[i], tonumber(ARGV[i + 2]), ARGV[i + 3]
+  local id = ARGV[i]
   if redis.call('ZSCORE', KEYS[8], id) then
     refused = refused + 1
     out[#out + 1] = 2
   else
     redis.call('ZADD', KEYS[8], now, id)
-    local holder = false
-    if ukey ~= '' then
-      holder = redis.call('HGET', KEYS[6], ukey)
-      if holder and (holder == id or redis.call('HEXISTS', KEYS[1], holder) == 0
-          or tonumber(redis.call('ZSCORE', KEYS[7], ukey) or 0) <= now) then
-        holder = false
-      end
-    end
-    if holder then
-      out[#out + 1] = holder
-    elseif redis.call('HSETNX', KEYS[1], id, ARGV[i + 1]) == 1 then
-      if ukey ~= '' then
-        redis.call('HSET', KEYS[6], ukey, id)
-        redis.call('ZADD', KEYS[7], ARGV[i + 4], ukey)
-      end
-      if at > now then
-        redis.call('ZADD', KEYS[3], at, id)
-      else
-        redis.call('LPUSH', KEYS[2], id)
-        ready = ready + 1
-      end
-      added = added + 1
-      out[#out + 1] = 1
-    elseif redis.call('HGET', KEYS[1], id) == ARGV[i + 1] then
-      out[#out + 1] = 1
-    else
-      out[#out + 1] = 0
-    end
+    local answer, went = add_job(id, ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4], now)
+    out[#out + 1] = answer
+    if went then added = added + 1 end
+    if went == 'ready' then ready = ready + 1 end
   end
 end
-if added > 0 then redis.call('HINCRBY', KEYS[5], 'enqueued', added) end
 if refused > 0 then redis.call('HINCRBY', KEYS[5], 'outbox_refused', refused) end
-if ready > 0 and redis.call('ZCOUNT', KEYS[4], now, '+inf') > 0 then
-  redis.call('PUBLISH', ARGV[2], ready)
-end
+added_jobs(added, ready, now, ARGV[2])
 return out
