@@ -46,7 +46,14 @@ class ServerClock:
 
     def _update(self, before: float, raw: tuple[int, int], after: float, wall: float) -> None:
         server_ms = raw[0] * 1000 + raw[1] / 1000
-        # Redis read its clock somewhere in the round trip: assume the middle (error at most half of it).
-        self._offset_ms = server_ms - (before + after) / 2 * 1000
+        # Redis read its clock somewhere in the round trip, so the offset lies between these two. The first
+        # reading takes the middle; a later one moves the offset only as far as needed to fall inside its own
+        # interval: one slow round trip (a loaded host) cannot move the clock by half of it, a tight one
+        # narrows the error, and drift or a step of Redis's clock is still followed.
+        low, high = server_ms - after * 1000, server_ms - before * 1000
+        if self._offset_ms is None:
+            self._offset_ms = (low + high) / 2
+        else:
+            self._offset_ms = min(max(self._offset_ms, low), high)
         self.rtt_ms = (after - before) * 1000
         self.skew_ms = wall * 1000 - (server_ms + (after - before) / 2 * 1000)
