@@ -7,8 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from ringfence.errors import BadRecord
 from ringfence.models import DeadJob, JobSpec
 from ringfence.redis.broker import Broker
@@ -73,46 +71,6 @@ def servers(broker: Broker) -> list[dict[str, Any]]:
     return sorted(broker.servers(), key=lambda s: (s.get("host", ""), s.get("pid", 0)))
 
 
-def dead_job(queue: str, job_id: str, raw: bytes) -> DeadJob:
-    """A dead record as a DeadJob; one that cannot be read comes back marked ``malformed`` (with what could
-    be read), so every reader lists it and ``dead delete`` can remove it."""
-    try:
-        record = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        try:  # a spec with invalid UTF-8 is copied into its dead record as is: read the rest around it
-            record = orjson.loads(raw.decode(errors="replace"))
-        except orjson.JSONDecodeError:
-            record = None
-        return _malformed(queue, job_id, record if isinstance(record, dict) else {}, f"dead record: {exc}")
-    if not isinstance(record, dict):
-        return _malformed(queue, job_id, {}, f"dead record is {type(record).__name__}, expected a JSON object")
-    try:
-        spec = JobSpec.decode(record["spec"]) if isinstance(record.get("spec"), str) else None
-        if spec is None:
-            raise BadRecord("dead record has no spec string")
-        history = orjson.loads(record["history"]) if record.get("history") else []
-        return DeadJob(
-            id=job_id, queue=queue, task=str(record.get("task", spec.task)), args=spec.args,
-            reason=str(record.get("reason", "")), error=str(record.get("error", "")),
-            traceback=str(record.get("traceback", "")), attempts=int(record.get("attempts", 0)),
-            died_ms=int(record.get("died_ms", 0)), history=history if isinstance(history, list) else [],
-        )
-    except (orjson.JSONDecodeError, BadRecord, TypeError, ValueError) as exc:
-        return _malformed(queue, job_id, record, str(exc))
-
-
-def _malformed(queue: str, job_id: str, record: dict[str, Any], why: str) -> DeadJob:
-    def num(name: str) -> int:
-        try:
-            return int(record.get(name, 0))
-        except (TypeError, ValueError):
-            return 0
-
-    return DeadJob(id=job_id, queue=queue, task=str(record.get("task", "?")), args={},
-                   reason=str(record.get("reason", "malformed")), error=str(record.get("error", "")),
-                   traceback="", attempts=num("attempts"), died_ms=num("died_ms"), history=[], malformed=why)
-
-
 @dataclass(frozen=True)
 class DeadFilter:
     queue: str | None = None
@@ -139,7 +97,7 @@ def dead_jobs(broker: Broker, flt: DeadFilter, limit: int | None = None) -> list
                 break
             offset += len(ids)
             for job_id, record in broker.dead_records(queue, ids):
-                job = dead_job(queue, job_id, record)
+                job = DeadJob.decode(queue, job_id, record)
                 if flt.matches(job):
                     out.append(job)
                     if limit is not None and len(out) >= limit:
@@ -150,5 +108,5 @@ def dead_jobs(broker: Broker, flt: DeadFilter, limit: int | None = None) -> list
 def find_dead(broker: Broker, job_id: str) -> DeadJob | None:
     for queue in broker.queues():
         for _, record in broker.dead_records(queue, [job_id]):
-            return dead_job(queue, job_id, record)
+            return DeadJob.decode(queue, job_id, record)
     return None

@@ -16,7 +16,7 @@ import orjson
 from ringfence import inspect
 from ringfence.errors import BadRecord, ConfigError, FencedOut
 from ringfence.fence.model import FenceState
-from ringfence.models import JobSpec
+from ringfence.models import DeadJob, JobSpec
 
 if TYPE_CHECKING:
     from ringfence.runtime import Live
@@ -127,7 +127,7 @@ def browse(app: Live, queue: str, state: str, offset: int = 0, count: int = 50) 
     page = broker.page(queue, state, offset, count)
     ids = [i for i, _ in page]
     if state == "dead":
-        return [_dead_view(inspect.dead_job(queue, i, raw)) for i, raw in broker.dead_records(queue, ids)]
+        return [_dead_view(DeadJob.decode(queue, i, raw)) for i, raw in broker.dead_records(queue, ids)]
     out = []
     for (job_id, _), raw in zip(page, broker.specs(queue, ids), strict=True):
         view = JobView(id=job_id, queue=queue, state=state)

@@ -195,6 +195,57 @@ class DeadJob:
     malformed: str = ""  # why the stored record could not be read (shown, deletable, not replayable)
     source: str = "redis"  # redis, or sql: only in the failed-jobs table (Redis lost it)
 
+    @classmethod
+    def decode(cls, queue: str, job_id: str, raw: bytes) -> DeadJob:
+        """A dead record as a DeadJob; one that cannot be read comes back marked ``malformed`` (with what could
+        be read), so every reader lists it and ``dead delete`` can remove it."""
+        try:
+            record = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            try:  # a spec with invalid UTF-8 is copied into its dead record as is: read the rest around it
+                record = orjson.loads(raw.decode(errors="replace"))
+            except orjson.JSONDecodeError:
+                record = None
+            found = record if isinstance(record, dict) else {}
+            return cls._malformed(queue, job_id, found, f"dead record: {exc}")
+        if not isinstance(record, dict):
+            why = f"dead record is {type(record).__name__}, expected a JSON object"
+            return cls._malformed(queue, job_id, {}, why)
+        try:
+            spec = JobSpec.decode(record["spec"]) if isinstance(record.get("spec"), str) else None
+            if spec is None:
+                raise BadRecord("dead record has no spec string")
+            history = orjson.loads(record["history"]) if record.get("history") else []
+            return cls(
+                id=job_id, queue=queue, task=str(record.get("task", spec.task)), args=spec.args,
+                reason=str(record.get("reason", "")), error=str(record.get("error", "")),
+                traceback=str(record.get("traceback", "")), attempts=int(record.get("attempts", 0)),
+                died_ms=int(record.get("died_ms", 0)), history=history if isinstance(history, list) else [],
+            )
+        except (orjson.JSONDecodeError, BadRecord, TypeError, ValueError) as exc:
+            return cls._malformed(queue, job_id, record, str(exc))
+
+    @classmethod
+    def _malformed(cls, queue: str, job_id: str, record: dict[str, Any], why: str) -> DeadJob:
+        def num(name: str) -> int:
+            try:
+                return int(record.get(name, 0))
+            except (TypeError, ValueError):
+                return 0
+
+        return cls(id=job_id, queue=queue, task=str(record.get("task", "?")), args={},
+                   reason=str(record.get("reason", "malformed")), error=str(record.get("error", "")),
+                   traceback="", attempts=num("attempts"), died_ms=num("died_ms"), history=[], malformed=why)
+
+    @staticmethod
+    def spec_of(raw: bytes) -> dict[str, Any] | None:
+        """The job spec inside a dead record (what a replay sends again); None when the record cannot give one."""
+        try:
+            spec = orjson.loads(orjson.loads(raw)["spec"])
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return None
+        return spec if isinstance(spec, dict) else None
+
     def to_dict(self) -> dict[str, Any]:
         extra: dict[str, Any] = {"source": self.source}
         if self.malformed:

@@ -9,8 +9,7 @@ from typing import Any
 from ringfence.doctor.context import Context
 from ringfence.doctor.model import Finding, Status, check
 from ringfence.errors import BadRecord, ConfigError
-from ringfence.inspect import dead_job
-from ringfence.models import JobSpec
+from ringfence.models import DeadJob, JobSpec
 from ringfence.redis import observe
 
 
@@ -74,7 +73,7 @@ def _recent_dead(ctx: Context, queue: str, cutoff_ms: int, reasons: set[str]) ->
             return out
         offset += len(ids)
         for job_id, raw in b.dead_records(queue, ids):
-            job = dead_job(queue, job_id, raw)  # survives a malformed record
+            job = DeadJob.decode(queue, job_id, raw)  # survives a malformed record
             if job.died_ms < cutoff_ms:
                 return out
             if job.reason in reasons:

@@ -135,7 +135,7 @@ class Reads:
         return _ids(self.sync.zrevrange(k.dead, offset, end))
 
     def dead_records(self, queue: str, ids: Sequence[str]) -> list[tuple[str, bytes]]:
-        """Stored dead records as bytes (decoded by ``inspect.dead_job``, which survives malformed ones)."""
+        """Stored dead records as bytes (decoded by ``DeadJob.decode``, which survives malformed ones)."""
         if not ids:
             return []
         raws: list[Any] = self.sync.hmget(self.keys.queue(queue).dead_jobs, list(ids))

@@ -13,10 +13,7 @@ import asyncio
 import logging
 from typing import Any, Protocol
 
-import orjson
-
 from ringfence.fence.failed import FailedJobs
-from ringfence.inspect import dead_job
 from ringfence.models import DeadJob
 from ringfence.redis.broker import Broker
 from ringfence.worker.loop import Loop
@@ -79,23 +76,14 @@ class DurableSweep(Loop):
         gone = [i for i in ids if i not in records]  # replayed or deleted since: nothing owed
         written = 0
         for job_id, raw in records.items():
-            spec = _spec(raw)
+            spec = DeadJob.spec_of(raw)
             if spec is None:  # malformed: shown by `dead list`, nothing a replay could use
                 gone.append(job_id)
                 continue
-            if await write_row(self.failed, self.broker, dead_job(queue, job_id, raw), spec):
+            if await write_row(self.failed, self.broker, DeadJob.decode(queue, job_id, raw), spec):
                 written += 1
         if gone:
             await self.broker.durable_done(queue, gone)
         if written:
             log.warning("queue %s: wrote %d failed_jobs row(s) a worker owed (it died or its database failed "
                         "after the Redis dead-letter)", queue, written)
-
-
-def _spec(raw: bytes) -> dict[str, Any] | None:
-    try:
-        record = orjson.loads(raw)
-        spec = orjson.loads(record["spec"])
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return None
-    return spec if isinstance(spec, dict) else None
