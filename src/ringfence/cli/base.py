@@ -15,6 +15,10 @@ from ringfence.app import App, load_app
 from ringfence.errors import CannotConnect, RingfenceError
 from ringfence.redis.connect import cannot_connect
 
+#: ``--dialect`` of the commands that print DDL (``fence ddl``, ``outbox ddl``).
+dialect_option = click.option("--dialect", type=click.Choice(["postgresql", "mysql", "mariadb", "sqlite"]),
+                              required=True, help="the database the statements are for")
+
 
 def app_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``--app module:attr`` (or RINGFENCE_APP); without it, an App from the environment (read-only commands)."""

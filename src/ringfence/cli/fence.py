@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from ringfence.app import App
-from ringfence.cli.base import app_option, main
+from ringfence.cli.base import app_option, dialect_option, main
 from ringfence.cli.ops import print_json, print_table
 from ringfence.errors import ConfigError
 
@@ -56,8 +56,7 @@ def init(app: App) -> None:
 
 
 @fence.command()
-@click.option("--dialect", type=click.Choice(["postgresql", "mysql", "mariadb", "sqlite"]), required=True,
-              help="the database the statements are for")
+@dialect_option
 def ddl(dialect: str) -> None:
     """Print the CREATE TABLE statements (for Alembic or hand-run migrations)."""
     from ringfence.fence import ddl as make_ddl

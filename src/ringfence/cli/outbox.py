@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ringfence.app import App
-from ringfence.cli.base import app_option, main
+from ringfence.cli.base import app_option, dialect_option, main
 from ringfence.cli.fence import require_fence_store
 
 
@@ -26,8 +26,7 @@ def init(app: App) -> None:
 
 
 @outbox.command()
-@click.option("--dialect", type=click.Choice(["postgresql", "mysql", "mariadb", "sqlite"]), required=True,
-              help="the database the statements are for")
+@dialect_option
 def ddl(dialect: str) -> None:
     """Print the CREATE TABLE statement of the outbox (for Alembic or hand-run migrations)."""
     from ringfence.outbox import outbox_ddl

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Insert, MetaData, Table, insert
@@ -68,29 +70,31 @@ def statement() -> Insert:
 def enqueue_in(task: Task, conn: Any, payload: Any, opts: EnqueueOptions) -> str:
     """Write the job into the outbox through ``conn``; return its id (the id it will have in Redis)."""
     values = row(task, payload, opts)
-    try:
+    with _table_named(conn):
         write(conn, values)
-    except Exception as exc:
-        missing = _no_table(exc, conn)
-        if missing is None:
-            raise
-        raise missing from exc
     return str(values["job_id"])
 
 
 async def aenqueue_in(task: Task, conn: Any, payload: Any, opts: EnqueueOptions) -> str:
     values = row(task, payload, opts)
-    try:
+    with _table_named(conn):
         await awrite(conn, values)
+    return str(values["job_id"])
+
+
+_MISSING = ("no such table", "does not exist", "doesn't exist", "undefinedtable")
+
+
+@contextmanager
+def _table_named(conn: Any) -> Iterator[None]:
+    """A write that failed for want of the outbox table raises one ConfigError saying how to create it."""
+    try:
+        yield
     except Exception as exc:
         missing = _no_table(exc, conn)
         if missing is None:
             raise
         raise missing from exc
-    return str(values["job_id"])
-
-
-_MISSING = ("no such table", "does not exist", "doesn't exist", "undefinedtable")
 
 
 def _no_table(exc: Exception, conn: Any) -> ConfigError | None:
