@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from ringfence import App, ConfigError, JobContext, PayloadError
 from ringfence.inspect import DeadFilter, dead_jobs
+from ringfence.redis.keys import split_entry
 from test_worker import run_until
 
 
@@ -56,8 +57,10 @@ def _app(make_app: Any) -> tuple[App, Any, Any]:
 
 
 def _stored_jobs(rdb: Any, namespace: str) -> list[bytes]:
-    """Every job id stored in any queue of the namespace (the ``P:jobs`` hashes)."""
-    return [job for key in rdb.scan_iter(f"{namespace}:*:jobs") for job in rdb.hkeys(key)]
+    """Every job id stored in any queue of the namespace (the ``P:jobs`` hashes, and inline ``P:pending`` entries)."""
+    inline = [split_entry(e) for key in rdb.scan_iter(f"{namespace}:*:pending") for e in rdb.lrange(key, 0, -1)]
+    return ([job for key in rdb.scan_iter(f"{namespace}:*:jobs") for job in rdb.hkeys(key)]
+            + [i.encode() for i, spec in inline if spec is not None])
 
 
 # Each: (fields, text the one-line error must contain)

@@ -236,12 +236,17 @@ def test_spec_heads_never_carry_the_payload(make_app, rdb, size: int) -> None:
     @app.task
     async def big(ctx, blob: str) -> None: ...
 
-    job = big.enqueue(blob="x" * size)
+    job = big.with_options(job_id="j1").enqueue(blob="x" * size)  # an explicit id: the spec is in the jobs hash
     [(head, total)], exact = app.broker.run(app.broker.spec_heads("default", [job]))
     assert exact and total == rdb.hstrlen(app.broker.keys.queue("default").jobs, job)
     assert len(head) == min(total, 512)
     spec = JobSpec.decode_head(head, total)
     assert spec.task == big.name and (spec.args == {"blob": "x" * size} if size < 400 else spec.args == {})
+    big.enqueue(blob="y" * size)  # a generated id: inline in pending when small (keys.py); the sample reads both
+    heads, exact = app.broker.spec_sample("default")
+    assert exact and len(heads) == 2 and all(len(h) == min(n, 512) for h, n in heads)
+    assert sorted(JobSpec.decode_head(h, n).args.get("blob", "")[:1] for h, n in heads) == (
+        ["x", "y"] if size < 400 else ["", ""])
 
 
 def test_payload_cap_refuses_at_enqueue_naming_the_size(make_app, rdb) -> None:

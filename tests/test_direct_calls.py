@@ -16,6 +16,7 @@ from ringfence import App
 from ringfence.redis.connection import ConnectionSettings
 from ringfence.redis.direct import DirectCalls
 from ringfence.redis.embedded import EmbeddedRedis, free_port
+from ringfence.redis.keys import split_entry
 
 
 @pytest.fixture
@@ -35,7 +36,8 @@ def _app(url: str, **settings: float) -> App:
 
 
 def _pending(app: App) -> list[bytes]:
-    return app.broker.sync.lrange(app.broker.keys.queue("q").pending, 0, -1)
+    entries = app.broker.sync.lrange(app.broker.keys.queue("q").pending, 0, -1)
+    return [split_entry(e)[0].encode() for e in entries]  # ids (a job may be inline: '<id><spec>')
 
 
 def test_an_enqueue_uses_a_kept_connection_and_survives_the_server_closing_it(server: EmbeddedRedis) -> None:

@@ -55,7 +55,7 @@ def fake_server(redis_url: str, namespace: str, queues: dict[str, int], environm
 def raw_enqueue(app: App, queue: str, spec: JobSpec) -> str:
     job_id = new_job_id()
     app.broker.register_queues([queue])  # as the client does on a queue's first enqueue
-    app.broker.run(app.broker.enqueue(queue, [(job_id, spec.encode(), 0)]))
+    app.broker.run(app.broker.enqueue(queue, [(job_id, spec.encode(), 0)], inline=True))  # as task.enqueue
     return job_id
 
 

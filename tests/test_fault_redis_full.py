@@ -152,6 +152,11 @@ async def test_scripts_run_on_the_embedded_redis_6_2_without_shebang_and_without
         assert b.minutes("q") == {f"p{now // 60000}": 1}  # the dashboard's history, written inside ack
         assert b.run(b.enqueue("q", [("j2", b'{"t":"x","a":{},"e":1}', 0), ("j3", b'{"t":"x","a":{},"e":1}', 0)]))
         assert b.run(b.cancel("q", "j2")) == "pending" and b.run(b.purge("q", 10)) == 1
+        spec = b'{"t":"x","a":{},"e":1}'
+        assert b.run(b.enqueue("q", [("j4", spec, 0), ("j5", spec, 0)], inline=True)) == [True, True]
+        assert b.job_state("q", "j4") == "pending" and b.job_spec("q", "j5") == spec  # inline, read on 6.2
+        assert b.run(b.cancel("q", "j4", None, b.inline_entry("q", "j4"))) == "pending"
+        assert [j[0] for j in await b.arun(b.fetch("q", 5, now + 2000, "tok"))] == ["j5"]
         assert b._shebang is False
     finally:
         await b.aclose()
@@ -171,6 +176,7 @@ def test_every_script_declares_keys_of_one_slot() -> None:
         b.breaker_record("d", True, 1, 1, 1, "f"), b.acquire_slot("task", "t", 1, "j", 2),
         b.extend_slots("task", "t", [("j", 2)]), b.spec_heads("q"), b.cancel("q", "j", {"reason": "r"}),
         b.purge("q", 1), b.latency_sample("q", 1), relay(b, "q", [("j", b"{}", 0, "", 0)], 1000),
+        b.pending_slice("q", "j", 0),
     ]
     for call in calls:
         assert len({key_slot(k.encode()) for k in call.keys}) == 1, call.name

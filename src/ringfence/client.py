@@ -125,12 +125,19 @@ class Client:
                                   "that the payload does not have") from exc
         return key, start_ms + int(hold_s * 1000)
 
-    def _calls(self, prepared: list[Prepared]) -> list[tuple[list[int], Any]]:
+    @staticmethod
+    def _inline(task: Task, opts: EnqueueOptions) -> bool:
+        """May the jobs go inline in the pending list (keys.py)? Only with ids generated here, so that only a
+        retry of this very call can repeat one, and with no result to wait on (waiters look jobs up by id)."""
+        return opts.job_id is None and not task.store_result
+
+    def _calls(self, prepared: list[Prepared], inline: bool) -> list[tuple[list[int], Any]]:
         """One script call per queue, with the positions of its jobs in ``prepared``."""
         by_queue: dict[str, list[int]] = defaultdict(list)
         for i, p in enumerate(prepared):
             by_queue[p.queue].append(i)
-        return [(idx, self.app.broker.enqueue(q, [prepared[i][1:] for i in idx])) for q, idx in by_queue.items()]
+        return [(idx, self.app.broker.enqueue(q, [prepared[i][1:] for i in idx], inline))
+                for q, idx in by_queue.items()]
 
     @staticmethod
     def _ids(prepared: list[Prepared], results: list[tuple[list[int], list[bool | str]]],
@@ -177,7 +184,7 @@ class Client:
         if queue not in self._known_queues:
             self.app.broker.register_queues([queue])
             self._known_queues.add(queue)
-        got = self._run(self.app.broker.enqueue(queue, [prepared[1:]]), opts)
+        got = self._run(self.app.broker.enqueue(queue, [prepared[1:]], self._inline(task, opts)), opts)
         return self._ids([prepared], [([0], got)], opts)[0]
 
     def enqueue_in(self, task: Task, conn: Any, payload: Any, opts: EnqueueOptions) -> str:
@@ -193,7 +200,8 @@ class Client:
         new = self._new_queues(prepared)
         broker.register_queues(new)
         self._known_queues.update(new)
-        return self._ids(prepared, [(idx, self._run(call, opts)) for idx, call in self._calls(prepared)], opts)
+        calls = self._calls(prepared, self._inline(task, opts))
+        return self._ids(prepared, [(idx, self._run(call, opts)) for idx, call in calls], opts)
 
     async def aenqueue(self, task: Task, payload: Any, opts: EnqueueOptions) -> str:
         return (await self.aenqueue_many(task, [payload], opts))[0]
@@ -207,6 +215,6 @@ class Client:
         new = self._new_queues(prepared)
         await broker.aregister_queues(new)
         self._known_queues.update(new)
-        return self._ids(prepared, [(idx, await self._arun(call, opts)) for idx, call in self._calls(prepared)],
-                         opts)
+        calls = self._calls(prepared, self._inline(task, opts))
+        return self._ids(prepared, [(idx, await self._arun(call, opts)) for idx, call in calls], opts)
 

@@ -124,12 +124,11 @@ def _fill(view: JobView, raw: bytes) -> None:
 def browse(app: Live, queue: str, state: str, offset: int = 0, count: int = 50) -> list[JobView]:
     """One page of a queue's state: ids and scores from one range read, records of that page only."""
     broker = app.broker
-    page = broker.page(queue, state, offset, count)
-    ids = [i for i, _ in page]
     if state == "dead":
+        ids = [i for i, _ in broker.page(queue, state, offset, count)]
         return [_dead_view(DeadJob.decode(queue, i, raw)) for i, raw in broker.dead_records(queue, ids)]
     out = []
-    for (job_id, _), raw in zip(page, broker.specs(queue, ids), strict=True):
+    for job_id, raw in broker.page_specs(queue, state, offset, count):
         view = JobView(id=job_id, queue=queue, state=state)
         if raw is not None:
             _fill(view, raw)
@@ -174,7 +173,8 @@ def cancel_job(app: Live, job_id: str) -> tuple[str, str]:
     if notes:
         fields = {"task": job.task, "reason": "cancelled", "error": "cancelled by a person; " + "; ".join(notes),
                   "traceback": ""}
-    left = app.broker.run(app.broker.cancel(job.queue, job_id, fields))
+    entry = app.broker.inline_entry(job.queue, job_id)
+    left = app.broker.run(app.broker.cancel(job.queue, job_id, fields, entry))
     if not left:
         raise ConfigError(f"job {job_id} left its queue meanwhile (ran or died); nothing cancelled")
     log.warning("job %s cancelled (was %s in %s)%s", job_id, left, job.queue, "; moved to dead-letter" if notes else "")

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from ringfence.redis.call import Call, _ids, _str
-from ringfence.redis.keys import Keys
+from ringfence.redis.call import Call, _str
+from ringfence.redis.keys import Keys, split_entry
 
 if TYPE_CHECKING:
     import redis
@@ -31,14 +31,26 @@ class Admin:
         def sync(self) -> redis.Redis: ...
         def run(self, call: Call[T]) -> T: ...
         def queues(self) -> list[str]: ...
+        def pending_entry(self, queue: str, job_id: str) -> bytes | None: ...
 
-    def cancel(self, queue: str, job_id: str, dead_fields: dict[str, Any] | None = None) -> Call[str]:
+    def inline_entry(self, queue: str, job_id: str) -> bytes:
+        """The job's inline pending entry (``<id><spec>``, keys.py) for ``cancel``, or b"" when its spec is in
+        the jobs hash or it is not pending: a scan of pending only for a job with no record in the hash."""
+        if self.sync.hexists(self.keys.queue(queue).jobs, job_id):
+            return b""
+        found = self.pending_entry(queue, job_id)
+        return found if found is not None and split_entry(found)[1] is not None else b""
+
+    def cancel(self, queue: str, job_id: str, dead_fields: dict[str, Any] | None = None, inline_entry: bytes = b""
+               ) -> Call[str]:
         """Take a job out of ``queue`` (pending, scheduled, retry or running). With ``dead_fields`` it goes to
-        dead-letter with those fields instead of being deleted. Parses to the state it left ('' if none)."""
+        dead-letter with those fields instead of being deleted. Parses to the state it left ('' if none). An
+        inline pending job is cancelled only given its ``inline_entry``."""
         k = self.keys.queue(queue)
+        entry = inline_entry
         return Call("cancel", [k.pending, k.scheduled, k.retry, k.active, k.lease, k.jobs, k.attempts, k.history,
                                k.dead, k.dead_jobs, k.stats],
-                    [job_id, self.clock(), orjson.dumps(dead_fields) if dead_fields else ""], _str)
+                    [job_id, self.clock(), orjson.dumps(dead_fields) if dead_fields else "", entry], _str)
 
     def purge(self, queue: str, limit: int) -> Call[int]:
         """Delete up to ``limit`` pending jobs, oldest first."""
@@ -47,8 +59,19 @@ class Admin:
 
     def job_state(self, queue: str, job_id: str) -> str | None:
         """Where job ``job_id`` is in ``queue``: a state of STATES, 'unknown' (a record in no set: being moved),
-        or None when the queue has no such job. Pending is found by LPOS (one scan of the list in Redis)."""
+        or None when the queue has no such job. Pending is found by LPOS (one scan of the list in Redis), an
+        inline pending job (no record in the jobs hash, keys.py) by a scan in slices (pending_entry)."""
         k = self.keys.queue(queue)
+        for _ in range(2):  # an inline job fetched during the scan has its record by the second look
+            state = self._job_state(k, job_id)
+            if state is not None:
+                return state
+            entry = self.pending_entry(queue, job_id)
+            if entry is not None and split_entry(entry)[1] is not None:
+                return "pending"
+        return None
+
+    def _job_state(self, k: Any, job_id: str) -> str | None:
         p = self.sync.pipeline(transaction=False)
         p.hexists(k.jobs, job_id)
         p.zscore(k.active, job_id)
@@ -70,7 +93,8 @@ class Admin:
         sets by score (run-at, retry-at, lease deadline), dead newest first."""
         k = self.keys.queue(queue)
         if state == "pending":
-            ids = _ids(self.sync.lrange(k.pending, -(offset + count), -(offset + 1) if offset else -1))
+            raw: Any = self.sync.lrange(k.pending, -(offset + count), -(offset + 1) if offset else -1)
+            ids = [split_entry(e)[0] for e in raw]
             return [(i, float(offset + n)) for n, i in enumerate(reversed(ids))]
         key = {"active": k.active, "scheduled": k.scheduled, "retry": k.retry, "dead": k.dead}[state]
         if state == "dead":
@@ -78,6 +102,18 @@ class Admin:
         else:
             raw = self.sync.zrange(key, offset, offset + count - 1, withscores=True)
         return [(_str(pair[0]), float(pair[1])) for pair in raw]
+
+    def page_specs(self, queue: str, state: str, offset: int, count: int) -> list[tuple[str, bytes | None]]:
+        """(id, spec) of one page of a state other than dead (as ``page``); inline pending specs come with
+        their entries, the others from one HMGET."""
+        k = self.keys.queue(queue)
+        if state != "pending":
+            ids = [i for i, _ in self.page(queue, state, offset, count)]
+            return list(zip(ids, self.specs(queue, ids), strict=True))
+        raw: Any = self.sync.lrange(k.pending, -(offset + count), -(offset + 1) if offset else -1)
+        entries = [split_entry(e) for e in reversed(raw)]
+        stored = iter(self.specs(queue, [i for i, spec in entries if spec is None]))
+        return [(i, spec if spec is not None else next(stored)) for i, spec in entries]
 
     def specs(self, queue: str, ids: list[str]) -> list[bytes | None]:
         if not ids:

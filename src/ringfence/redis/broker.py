@@ -29,7 +29,7 @@ from ringfence.redis.connection import (
     url_clients,
 )
 from ringfence.redis.direct import DirectCalls
-from ringfence.redis.keys import Keys
+from ringfence.redis.keys import INLINE_MAX_BYTES, Keys
 from ringfence.redis.reads import Reads
 from ringfence.redis.scripts import PROBE, script
 
@@ -213,12 +213,14 @@ class Broker(Reads, Admin):
             self._sync = None
 
     # -- transitions ----------------------------------------------------------------------------
-    def enqueue(self, queue: str, jobs: Iterable[tuple[str, bytes, int] | tuple[str, bytes, int, str, int]]
-                ) -> Call[list[bool | str]]:
+    def enqueue(self, queue: str, jobs: Iterable[tuple[str, bytes, int] | tuple[str, bytes, int, str, int]],
+                inline: bool = False) -> Call[list[bool | str]]:
         """jobs: (id, spec, run-at ms or 0[, unique key, unique hold end ms]). Parses to one value per job:
-        True = added, False = the id existed, a str = the id of the job holding the unique key."""
+        True = added, False = the id existed, a str = the id of the job holding the unique key. ``inline``: the
+        caller generated the ids and waits on no result, so the jobs ready now without a unique key and with a
+        spec of at most ``INLINE_MAX_BYTES`` are stored in the pending list itself (keys.py)."""
         k = self.keys.queue(queue)
-        args: list[Any] = [self.clock(), k.wake]
+        args: list[Any] = [self.clock(), k.wake, INLINE_MAX_BYTES if inline else 0]
         for job in jobs:
             args += [*job, "", 0] if len(job) == 3 else list(job)
         return Call("enqueue", [k.jobs, k.pending, k.scheduled, k.idle, k.stats, k.unique, k.unique_exp], args,

@@ -19,6 +19,8 @@ import orjson
 import redis
 
 from ringfence.redis.broker import Broker, Call
+from ringfence.redis.keys import split_entry
+from ringfence.redis.reads import HEAD_BYTES
 
 
 def _text(value: Any) -> str | None:
@@ -65,12 +67,17 @@ def waiting_jobs(broker: Broker, queue: str, limit: int = 1000) -> tuple[list[tu
     p.zcard(k.retry)
     p.zcard(k.scheduled)
     pending, retry, scheduled, n_pending, n_retry, n_scheduled = p.execute()
-    ids = [_text(i) or "" for i in (list(pending) + list(retry) + list(scheduled))[:limit]]
-    if not ids:
+    entries = [split_entry(e) for e in pending]
+    inline = [(spec[:HEAD_BYTES], len(spec), 0) for _, spec in entries if spec is not None]  # never ran
+    ids = [i for i, spec in entries if spec is None] + [_text(i) or "" for i in list(retry) + list(scheduled)]
+    ids = ids[:max(0, limit - len(inline))]
+    if not inline and not ids:
         return [], 0
-    heads, _ = broker.run(broker.spec_heads(queue, ids))
-    attempts = broker.sync.hmget(k.attempts, ids)
-    out = [(h, size, _count(a)) for (h, size), a in zip(heads, attempts, strict=True) if size >= 0]
+    out = inline
+    if ids:
+        heads, _ = broker.run(broker.spec_heads(queue, ids))
+        attempts = broker.sync.hmget(k.attempts, ids)
+        out += [(h, size, _count(a)) for (h, size), a in zip(heads, attempts, strict=True) if size >= 0]
     return out, int(n_pending + n_retry + n_scheduled)
 
 

@@ -4,6 +4,7 @@ transitions in ``broker.py``. Every read survives records it cannot decode: read
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -12,7 +13,7 @@ import orjson
 from ringfence.errors import BadRecord
 from ringfence.models import JobSpec
 from ringfence.redis.call import Call, _ids, _str
-from ringfence.redis.keys import Keys
+from ringfence.redis.keys import Keys, split_entry
 
 if TYPE_CHECKING:
     import redis
@@ -24,6 +25,10 @@ T = TypeVar("T")
 HEAD_BYTES = 512
 #: Bytes of long specs copied inside Redis per read to cut their heads (Lua has no substring of a hash field).
 HEAD_BUDGET = 16 * 1024 * 1024
+#: Entries of the pending list read per call of a lookup by id (pending_entry.lua): ~2 MB of inline jobs, a few
+#: ms of Redis; consecutive slices overlap by PENDING_OVERLAP, as many removals as a scan survives meanwhile.
+PENDING_SLICE = 20_000
+PENDING_OVERLAP = 100
 
 
 def _int(raw: Any) -> int:
@@ -82,10 +87,7 @@ class Reads:
         p.exists(k.paused)
         p.lindex(k.pending, -1)
         pending, active, scheduled, retry, dead, stats, paused, oldest = p.execute()
-        oldest_ms = None
-        if oldest:
-            [(head, size)], _ = self.run(self.spec_heads(queue, [_str(oldest)]))
-            oldest_ms = _enqueued_ms(head, size)
+        oldest_ms = self._entry_enqueued_ms(queue, oldest) if oldest else None
         return {
             "pending": pending, "active": active, "scheduled": scheduled, "retry": retry, "dead": dead,
             "stats": {_str(key): _int(v) for key, v in stats.items()},
@@ -93,15 +95,25 @@ class Reads:
             "oldest_enqueued_ms": oldest_ms,  # None: nothing pending, or its record is malformed
         }
 
+    def _entry_enqueued_ms(self, queue: str, entry: bytes) -> int | None:
+        job_id, spec = split_entry(entry)
+        if spec is not None:
+            return _enqueued_ms(spec[:HEAD_BYTES], len(spec))
+        [(head, size)], _ = self.run(self.spec_heads(queue, [job_id]))
+        return _enqueued_ms(head, size)
+
     def spec_heads(self, queue: str, ids: Sequence[str] = (), size: int = 1000
                    ) -> Call[tuple[list[tuple[bytes, int]], bool]]:
-        """The first ``HEAD_BYTES`` of job specs with their full size: of ``ids`` (size -1: no record), else of
-        every job when there are at most ``size``, else of a random sample. Long specs are read only within
-        ``HEAD_BUDGET`` bytes (size -2: skipped). Parses to (heads, exact)."""
+        """The first ``HEAD_BYTES`` of job specs with their full size: of ``ids`` (size -1: no record in the jobs
+        hash, as for an inline pending job), else of every job (inline pending ones included) when there are at
+        most ``size``, else of a random sample. Long specs are read only within ``HEAD_BUDGET`` bytes (size -2:
+        skipped). Parses to (heads, exact)."""
         def parse(raw: Any) -> tuple[list[tuple[bytes, int]], bool]:
             return [(bytes(raw[i]), int(raw[i + 1])) for i in range(1, len(raw), 2)], bool(raw[0])
 
-        return Call("spec_heads", [self.keys.queue(queue).jobs], [HEAD_BYTES, size, HEAD_BUDGET, *ids], parse)
+        k = self.keys.queue(queue)
+        return Call("spec_heads", [k.jobs, k.pending], [HEAD_BYTES, size, HEAD_BUDGET, random.random(), *ids],
+                    parse)
 
     def spec_sample(self, queue: str, size: int = 1000) -> tuple[list[tuple[bytes, int]], bool]:
         """(head, size) of the specs in the queue: all of them when there are at most ``size``, else a random
@@ -114,11 +126,39 @@ class Reads:
         oldest = await self.aio.lindex(k.pending, -1)
         if oldest is None:
             return None
-        [(head, size)], _ = await self.arun(self.spec_heads(queue, [_str(oldest)]))
+        job_id, spec = split_entry(oldest)
+        if spec is not None:
+            return _enqueued_ms(spec[:HEAD_BYTES], len(spec))
+        [(head, size)], _ = await self.arun(self.spec_heads(queue, [job_id]))
         return _enqueued_ms(head, size)
 
+    def pending_slice(self, queue: str, job_id: str, first: int) -> Call[tuple[bytes, int]]:
+        """Search ``PENDING_SLICE`` entries of pending from index ``first`` for the job. Parses to (its entry or
+        b"", the index after the slice or -1 at the end of the list)."""
+        return Call("pending_entry", [self.keys.queue(queue).pending], [job_id, first, PENDING_SLICE],
+                    lambda raw: (bytes(raw[0]), int(raw[1])))
+
+    def pending_entry(self, queue: str, job_id: str) -> bytes | None:
+        """The job's entry in the pending list (``<id><spec>`` when inline, else the id), or None: a scan of the
+        list, newest first, one slice of ``PENDING_SLICE`` per round trip."""
+        first = 0
+        while first >= 0:
+            entry, after = self.run(self.pending_slice(queue, job_id, first))
+            if entry:
+                return entry
+            first = after - PENDING_OVERLAP if after >= 0 else -1
+        return None
+
     def job_spec(self, queue: str, job_id: str) -> bytes | None:
-        raw: Any = self.sync.hget(self.keys.queue(queue).jobs, job_id)
+        """The spec of a job in the queue (not dead): from the jobs hash, else from its inline pending entry."""
+        jobs = self.keys.queue(queue).jobs
+        raw: Any = self.sync.hget(jobs, job_id)
+        if raw is None:
+            entry = self.pending_entry(queue, job_id)
+            spec = split_entry(entry)[1] if entry is not None else None
+            if spec is not None:
+                return spec
+            raw = self.sync.hget(jobs, job_id)  # fetched during the scan
         return bytes(raw) if raw is not None else None
 
     def attempts(self, queue: str, job_id: str) -> int:
@@ -162,7 +202,9 @@ class Reads:
 
     def queued_ids(self, ids: Iterable[str]) -> set[str]:
         """Which of ``ids`` are still jobs of some queue (pending, scheduled, retrying or running): not acked,
-        dead or deleted. One pipelined round trip."""
+        dead or deleted. One pipelined round trip. Asked of the owners of fence steps: a job that owns a step
+        has been fetched, so its spec is in the jobs hash until it leaves; an inline pending job (keys.py) never
+        ran and owns none."""
         wanted, queues = sorted(set(ids)), self.queues()
         if not wanted or not queues:
             return set()

@@ -49,7 +49,9 @@ def ttl_ms(broker: Broker, job_id: str) -> int:
 
 
 def present(broker: Broker, queue: str, job_id: str) -> bool:
-    """Is the job still in ``queue`` (queued, running, retrying or dead)? Two O(1) reads in one round trip."""
+    """Is the job still in ``queue`` (queued, running, retrying or dead)? Two O(1) reads in one round trip. A
+    job of a task with ``store_result`` is never stored inline in pending (client.py ``_inline``), so its
+    record is in the jobs hash from its enqueue on."""
     k = broker.keys.queue(queue)
     p = broker.sync.pipeline(transaction=False)
     p.hexists(k.jobs, job_id)

@@ -12,8 +12,14 @@ end
 
 -- One job. Returns its answer (1: added, or the id holds this very spec: a retried call whose first reply
 -- was lost; 0: the id holds another job; else the id of the queued or running job that holds the unique key)
--- and where an added job went ('ready', 'later' or nil).
-local function add_job(id, spec, at, ukey, hold_end, now)
+-- and where an added job went ('ready', 'later' or nil). A job ready now without a unique key whose spec has
+-- at most inline_max bytes goes into the pending list whole ('<id><spec>'), with no jobs entry: the caller
+-- generated its id, so only a retry of this very call can repeat it, and fetch drops that second copy.
+local function add_job(id, spec, at, ukey, hold_end, now, inline_max)
+  if ukey == '' and at <= now and #spec <= inline_max then
+    redis.call('LPUSH', KEYS[2], id .. spec)
+    return 1, 'ready'
+  end
   if ukey ~= '' then
     local holder = redis.call('HGET', KEYS[6], ukey)
     if holder and holder ~= id and redis.call('HEXISTS', KEYS[1], holder) == 1

@@ -7,17 +7,25 @@
 -- ARGV[1] id  ARGV[2] now ms
 -- ARGV[3] '' to delete the job, else a JSON object of dead record fields: the job goes to dead-letter instead
 --         (a job that owns a fence step past capture must not vanish)
+-- ARGV[4] the job's inline pending entry '<id><spec>' as a scan found it (pending_entry.lua), or ''
 -- Returns: the state it was taken from (pending, scheduled, retry, active), or '' when it is no job of the queue.
 local id = ARGV[1]
 local spec = redis.call('HGET', KEYS[6], id)
-if not spec then return '' end
 local state = ''
-if redis.call('ZREM', KEYS[2], id) == 1 then state = 'scheduled'
-elseif redis.call('ZREM', KEYS[3], id) == 1 then state = 'retry'
-elseif redis.call('ZREM', KEYS[4], id) == 1 then state = 'active'
-elseif redis.call('LREM', KEYS[1], 0, id) > 0 then state = 'pending'
+if spec then
+  if redis.call('ZREM', KEYS[2], id) == 1 then state = 'scheduled'
+  elseif redis.call('ZREM', KEYS[3], id) == 1 then state = 'retry'
+  elseif redis.call('ZREM', KEYS[4], id) == 1 then state = 'active'
+  elseif redis.call('LREM', KEYS[1], 0, id) > 0 then state = 'pending'
+  end
+  if state == '' then return '' end
+  -- a second inline copy (an enqueue retried after a lost reply) would run once this record is gone
+  redis.call('LREM', KEYS[1], 0, id .. spec)
+elseif string.sub(ARGV[4], 1, #id + 1) == id .. '{' and redis.call('LREM', KEYS[1], 0, ARGV[4]) > 0 then
+  state, spec = 'pending', string.sub(ARGV[4], #id + 1)  -- not fetched since the scan found it
+else
+  return ''
 end
-if state == '' then return '' end
 if ARGV[3] ~= '' then
   local n = redis.call('HGET', KEYS[7], id) or '0'
   local hist = redis.call('HGET', KEYS[8], id) or '[]'

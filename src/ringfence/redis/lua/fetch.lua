@@ -6,19 +6,33 @@
 -- KEYS[4] lease     hash  id -> token
 -- KEYS[5] attempts  hash  id -> attempts started
 -- KEYS[6] paused    string, exists while paused
--- KEYS[7] stats     hash  counters ('dangling': queued ids that had no record)
+-- KEYS[7] stats     hash  counters ('dangling': queued ids that had no record; 'duplicates': second copies of an
+--                         inline job, from an enqueue retried after its reply was lost)
 -- ARGV[1] lease deadline ms
 -- ARGV[2] max jobs
 -- ARGV[3] lease token of this fetch (unique per call)
+-- A pending entry is an id, whose spec is in jobs, or '<id><spec>' (a spec starts with '{', an id never holds
+-- one): an inline job, whose spec moves into jobs here, so a leased job has the same keys whichever way it came.
 -- Returns: flat list id, spec, attempt, ... (empty when paused or nothing is ready); a queued id without a
--- record is dropped, counted, and returned as id, '', 0 so the worker logs it.
+-- record is dropped, counted, and returned as id, '', 0 so the worker logs it. An inline entry whose id is in
+-- jobs already is a second copy of a job queued or running: dropped, counted, not returned.
 if redis.call('EXISTS', KEYS[6]) == 1 then return {} end
-local ids = redis.call('RPOP', KEYS[1], tonumber(ARGV[2]))
-if not ids then return {} end
-local out = {}
-for _, id in ipairs(ids) do
-  local spec = redis.call('HGET', KEYS[2], id)
-  if spec then
+local entries = redis.call('RPOP', KEYS[1], tonumber(ARGV[2]))
+if not entries then return {} end
+local out, duplicates = {}, 0
+for _, entry in ipairs(entries) do
+  local id, spec, first = entry, nil, true
+  local at = string.find(entry, '{', 1, true)
+  if at then
+    id, spec = string.sub(entry, 1, at - 1), string.sub(entry, at)
+    first = redis.call('HSETNX', KEYS[2], id, spec) == 1
+    if not first then duplicates = duplicates + 1 end
+  else
+    spec = redis.call('HGET', KEYS[2], id)
+  end
+  if not first then
+    -- a second copy: dropped, counted below
+  elseif spec then
     local n = redis.call('HINCRBY', KEYS[5], id, 1)
     redis.call('ZADD', KEYS[3], ARGV[1], id)
     redis.call('HSET', KEYS[4], id, ARGV[3])
@@ -32,4 +46,5 @@ for _, id in ipairs(ids) do
     out[#out + 1] = 0
   end
 end
+if duplicates > 0 then redis.call('HINCRBY', KEYS[7], 'duplicates', duplicates) end
 return out

@@ -33,7 +33,7 @@ for i = 4, #ARGV, 5 do
     out[#out + 1] = 2
   else
     redis.call('ZADD', KEYS[8], now, id)
-    local answer, went = add_job(id, ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4], now)
+    local answer, went = add_job(id, ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4], now, -1)
     out[#out + 1] = answer
     if went then added = added + 1 end
     if went == 'ready' then ready = ready + 1 end

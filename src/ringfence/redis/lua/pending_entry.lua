@@ -1,0 +1,17 @@
+#!lua flags=no-writes,allow-oom
+-- pending_entry: look for one job in a slice of the pending list, newest first. The caller walks the list a
+-- slice per call, so Redis is never blocked for a whole scan. Between calls entries move towards the end (LPUSH
+-- in front) or leave it (RPOP); only a removal in the middle (cancel's LREM) moves them back, so the caller
+-- overlaps its slices.
+-- KEYS[1] pending list
+-- ARGV[1] id  ARGV[2] first index  ARGV[3] entries per slice
+-- Returns: {the entry ('<id><spec>' when inline, the id when its spec is in jobs; '' if not in the slice),
+--           the next index (-1: the list ends within this slice)}
+local id, first, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local prefix, len = id .. '{', #id + 1
+local entries = redis.call('LRANGE', KEYS[1], first, first + n - 1)
+for _, entry in ipairs(entries) do
+  if entry == id or string.sub(entry, 1, len) == prefix then return {entry, first} end
+end
+if #entries < n then return {'', -1} end
+return {'', first + n}
