@@ -62,14 +62,13 @@ class Admin:
         or None when the queue has no such job. Pending is found by LPOS (one scan of the list in Redis), an
         inline pending job (no record in the jobs hash, keys.py) by a scan in slices (pending_entry)."""
         k = self.keys.queue(queue)
-        for _ in range(2):  # an inline job fetched during the scan has its record by the second look
-            state = self._job_state(k, job_id)
-            if state is not None:
-                return state
-            entry = self.pending_entry(queue, job_id)
-            if entry is not None and split_entry(entry)[1] is not None:
-                return "pending"
-        return None
+        state = self._job_state(k, job_id)
+        if state is not None:
+            return state
+        entry = self.pending_entry(queue, job_id)
+        if entry is not None and split_entry(entry)[1] is not None:
+            return "pending"
+        return self._job_state(k, job_id)  # an inline job fetched during the scan has its record now
 
     def _job_state(self, k: Any, job_id: str) -> str | None:
         p = self.sync.pipeline(transaction=False)
