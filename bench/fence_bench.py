@@ -166,15 +166,24 @@ def private_database(base_url: str) -> Iterator[str]:
 
 # -- counting round trips on the wire --------------------------------------------------------------------
 @contextmanager
-def wire_trace(engine: Engine, *more: Engine) -> Iterator[list[str]]:
-    """One line per database round trip made through ``engine`` (and ``more`` engines of the same server, e.g.
-    the sync engine of the store's AsyncEngine) inside the block (PostgreSQL or MariaDB)."""
+def wire_trace(engine: Any, *more: Any) -> Iterator[list[str]]:
+    """One line per database round trip made through ``engine`` (and ``more`` of the same server: another engine,
+    e.g. the sync engine of the store's AsyncEngine, or the driver connections a store keeps, its ``direct``)
+    inside the block (PostgreSQL or MariaDB). ``store_targets(store)`` names all of a store's."""
     if engine.dialect.name == "postgresql":
         with pg_wire_trace(engine, *more) as trips:
             yield trips
     else:
         with mysql_wire_trace() as trips:
             yield trips
+
+
+def store_targets(store: Any) -> list[Any]:
+    """Everything a FenceStore sends statements through: its engine, its kept driver connections (sync and, once
+    an async fence opened them, async)."""
+    astore = getattr(store, "_astore", None)
+    more = [store.direct, astore and getattr(astore, "direct", None), astore and getattr(astore, "engine", None)]
+    return [store.engine] + [getattr(m, "sync_engine", m) for m in more if m is not None]
 
 
 @contextmanager
@@ -202,8 +211,9 @@ def mysql_wire_trace() -> Iterator[list[str]]:
 
 
 @contextmanager
-def pg_wire_trace(engine: Engine, *more: Engine) -> Iterator[list[str]]:
-    """libpq's protocol trace of every connection checked out of ``engine`` (and ``more``) inside the block.
+def pg_wire_trace(engine: Any, *more: Any) -> Iterator[list[str]]:
+    """libpq's protocol trace of every connection checked out of ``engine`` (and ``more``: engines, or kept
+    driver connections, ``direct.Direct``, traced while a statement has one) inside the block.
 
     Yields a list filled at exit with one line per round trip: the statement(s) the client sent before
     the server's ``ReadyForQuery``. Needs psycopg 3 (``pgconn.trace``)."""
@@ -212,25 +222,32 @@ def pg_wire_trace(engine: Engine, *more: Engine) -> Iterator[list[str]]:
     fd, path = tempfile.mkstemp(prefix="ringfence-bench-pgtrace-")
     trips: list[str] = []
 
-    def checkout(dbapi_conn: Any, record: Any, proxy: Any) -> None:
+    def checkout(dbapi_conn: Any, record: Any = None, proxy: Any = None) -> None:
         pgconn = getattr(dbapi_conn, "driver_connection", dbapi_conn).pgconn  # an async adapter's own connection
         pgconn.trace(fd)
         pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
 
-    def checkin(dbapi_conn: Any, record: Any) -> None:
+    def checkin(dbapi_conn: Any, record: Any = None) -> None:
         if dbapi_conn is not None:
             getattr(dbapi_conn, "driver_connection", dbapi_conn).pgconn.untrace()
 
-    engines = (engine, *more)
+    engines = [e for e in (engine, *more) if isinstance(e, Engine)]
+    kept = [d for d in (engine, *more) if not isinstance(d, Engine)]
     for e in engines:
         event.listen(e, "checkout", checkout)
         event.listen(e, "checkin", checkin)
+    for d in kept:
+        d.on_take.append(checkout)
+        d.on_give.append(checkin)
     try:
         yield trips
     finally:
         for e in engines:
             event.remove(e, "checkout", checkout)
             event.remove(e, "checkin", checkin)
+        for d in kept:
+            d.on_take.remove(checkout)
+            d.on_give.remove(checkin)
         os.close(fd)
         with open(path, encoding="utf-8", errors="replace") as f:
             sent: list[str] = []
@@ -327,12 +344,6 @@ def _loop() -> asyncio.AbstractEventLoop:
     return _LOOP[0]
 
 
-def _engines(app: App) -> list[Engine]:
-    """The fence store's engines to trace: its own, and its AsyncEngine's once an async fence opened it."""
-    astore = app.fence_store._astore
-    return [app.fence_store.engine] + ([astore.engine.sync_engine] if astore is not None else [])
-
-
 def _run_jobs(task: Any, fencing: Any, run: str, ns: range) -> list[float]:
     """Run jobs ``ns`` of ``task`` one after another in this process (one event loop for async handlers);
     returns each job's ms."""
@@ -387,13 +398,14 @@ def in_process(bench: Bench, fence_url: str, prefix: str, jobs: int) -> dict[str
             assert task is not None
             run = f"{prefix}-inproc-{kind}"
             _run_jobs(task, fencing, run, range(-3, 0))  # connect, warm the pool and the statement caches
-            with wire_trace(*_engines(app)) as trips:
+            with wire_trace(*store_targets(app.fence_store)) as trips:
                 _run_jobs(task, fencing, run, range(0, 1))
             out[f"fence_{kind}_round_trips"] = len(trips)
             out[f"fence_{kind}_xacts"] = transactions(trips)
             out[f"fence_{kind}_trips"] = trips
             out[f"fence_{kind}_transactions"] = summarize(trips)
-            with wire_trace(*_engines(app)) as again:  # a second job on the same subject: the fence is done
+            # a second job on the same subject: the fence is done
+            with wire_trace(*store_targets(app.fence_store)) as again:
                 _run_jobs(task, fencing, run, range(0, 1))
             out[f"fence_{kind}_rerun_round_trips"] = len(again)
             out[f"fence_{kind}_rerun_xacts"] = transactions(again)

@@ -6,7 +6,9 @@ MariaDB ``KILL``), at two moments:
 
 Either way the write runs again on a fresh connection and the protocol ends where it would have without
 the kill: a repeated INSERT or conditional UPDATE that finds its own earlier write counts it as done.
-Only connections this test's engine opened are killed.
+Only connections this test's engine opened are killed. Every case runs on a store given an Engine (SQLAlchemy's
+execution path, hooked by its ``before_cursor_execute`` event) and on a store built from the URL, whose single
+statements go out on driver connections it keeps (``fence/direct.py``, hooked by its ``hooks``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from support import async_url
 class Killer:
     """Kills the connection that runs the n-th write on the fence table (once), before it or after its commit."""
 
-    def __init__(self, engine: sa.Engine, admin: sa.Engine, table: str, app_name: str) -> None:
+    def __init__(self, engine: sa.Engine, admin: sa.Engine, table: str, app_name: str, direct: Any = None) -> None:
         self.admin, self.table, self.app_name = admin, table, app_name
         self.dialect = engine.dialect.name
         self.n, self.mode, self.seen, self.target = 0, "", 0, table
@@ -38,6 +40,8 @@ class Killer:
         self._after_commit = False
         sa.event.listen(engine, "before_cursor_execute", self._before)
         sa.event.listen(engine, "commit", self._commit)
+        if direct is not None:  # the store's kept driver connections: the same hook, at the driver
+            direct.hooks.append(self._before_direct)
 
     def arm(self, n: int, mode: str, table: str | None = None) -> None:
         self.n, self.mode, self.seen, self.fired, self._after_commit = n, mode, 0, None, False
@@ -45,18 +49,28 @@ class Killer:
 
     def _before(self, conn: sa.Connection, cursor: Any, statement: str, params: Any, context: Any,
                 *args: Any) -> None:
-        words = statement.lstrip().split(None, 3)
+        # by name, whatever the paramstyle
+        if self._hit(statement, context.compiled_parameters[0]):
+            self._fire(conn.connection.dbapi_connection, statement, params)
+
+    def _before_direct(self, dbapi: Any, statement: str, params: Any) -> None:
+        """A statement on a kept driver connection (always autocommit)."""
+        if self._hit(statement, params):
+            self._fire(dbapi, statement, params, autocommit=True)
+
+    def _hit(self, statement: str, named: Any) -> bool:
         if self.fired or not is_write(statement) or self.target not in statement:
-            return
+            return False
         self.seen += 1
         if self.seen != self.n:
-            return
-        self.fired = (write_kind(statement, context.compiled_parameters[0])  # by name, whatever the paramstyle
-                      if self.target == self.table else words[0])
-        dbapi = conn.connection.dbapi_connection
+            return False
+        self.fired = write_kind(statement, named) if self.target == self.table else statement.split(None, 1)[0]
+        return True
+
+    def _fire(self, dbapi: Any, statement: str, params: Any, autocommit: bool = False) -> None:
         if self.mode == "before":
             self.kill(dbapi)
-        elif outside_transaction(dbapi):  # a write in autocommit: no COMMIT to wait for
+        elif autocommit or outside_transaction(dbapi):  # a write in autocommit: no COMMIT to wait for
             dbapi.cursor().execute(statement, params)  # the write is now durable ...
             self.kill(dbapi)  # ... and the answer to the very same statement never arrives
         else:
@@ -112,17 +126,24 @@ def write_kind(statement: str, params: Any) -> str:
     return str(params.get("state") or "lease")  # the SET value; the WHERE's is ``state_1``
 
 
-@pytest.fixture
-def rig(backend: Backend) -> Iterator[tuple[FenceStore, Killer]]:
+@pytest.fixture(params=["engine", "url"])
+def rig(backend: Backend, request: pytest.FixtureRequest) -> Iterator[tuple[FenceStore, Killer]]:
+    """A store given an Engine, or built from the URL (its single statements on kept driver connections)."""
     if backend.name == "sqlite":
         pytest.skip("SQLite has no connection to kill")
     app_name = f"rf-disc-{uuid.uuid4().hex[:8]}"
-    args = {"application_name": app_name} if backend.name == "postgresql" else {}
-    engine = make_engine(backend.url, connect_args=args)  # as the project builds it: no pre-ping
+    pg = backend.name == "postgresql"
     admin = sa.create_engine(backend.url, isolation_level="AUTOCOMMIT")
-    store = FenceStore(engine, table_name=backend.store.table.name)
+    if request.param == "engine":
+        engine = make_engine(backend.url, connect_args={"application_name": app_name} if pg else {})  # no pre-ping
+        store = FenceStore(engine, table_name=backend.store.table.name)
+    else:
+        store = FenceStore(backend.url + (f"?application_name={app_name}" if pg else ""),
+                           table_name=backend.store.table.name)
+        engine = store.engine
+        assert store.direct is not None
     try:
-        yield store, Killer(engine, admin, store.table.name, app_name)
+        yield store, Killer(engine, admin, store.table.name, app_name, store.direct)
     finally:
         engine.dispose()
         admin.dispose()
@@ -316,7 +337,14 @@ def test_retries_are_bounded_then_the_error_surfaces(backend: Backend, rig: Any,
             kills.append(lambda: None)
             killer.kill(conn.connection.dbapi_connection)
 
+    def kill_every_direct_write(dbapi: Any, statement: str, params: Any) -> None:
+        if "INSERT INTO" in statement and store.table.name in statement:
+            kills.append(lambda: None)
+            killer.kill(dbapi)
+
     sa.event.listen(store.engine, "before_cursor_execute", kill_every_write)
+    if store.direct is not None:
+        store.direct.hooks.append(kill_every_direct_write)
     with pytest.raises(sa.exc.DBAPIError) as err, Fences(store, make_owner()).open(subject, "charge"):
         pass
     assert err.value.connection_invalidated and len(kills) == 3

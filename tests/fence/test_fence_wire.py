@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from bench.fence_bench import summarize, transactions, wire_trace
+from bench.fence_bench import store_targets, summarize, transactions, wire_trace
 from fence_helpers import Backend, OwnerFactory, Provider
 
 from ringfence import faults
@@ -42,9 +42,9 @@ def test_round_trips_and_transactions_of_one_fenced_step(url_store: FenceStore, 
                                                          make_owner: OwnerFactory, opts: dict[str, Any],
                                                          trips: int, xacts: int) -> None:
     one_job(url_store, make_owner(), f"{subject}-warm", provider, **opts)  # connect, warm the caches
-    with wire_trace(url_store.engine) as fresh:
+    with wire_trace(*store_targets(url_store)) as fresh:
         one_job(url_store, make_owner(), subject, provider, **opts)
-    with wire_trace(url_store.engine) as rerun:
+    with wire_trace(*store_targets(url_store)) as rerun:
         one_job(url_store, make_owner(), subject, provider, **opts)
     assert len(fresh) <= trips and transactions(fresh) <= xacts, summarize(fresh)
     assert len(rerun) <= 1 and transactions(rerun) <= 1, summarize(rerun)
@@ -256,13 +256,15 @@ async def test_an_async_fence_rides_out_its_connections_being_killed(backend: Ba
         admin.dispose()
 
 
-def test_the_mariadb_autocommit_pool_is_disposed_with_the_store_engine(url_store: FenceStore, subject: str,
-                                                                      provider: Provider,
-                                                                      make_owner: OwnerFactory) -> None:
-    if url_store.engine.dialect.name == "postgresql":
-        pytest.skip("MariaDB's own pool")
-    assert url_store.auto is not url_store.engine
+def test_the_kept_driver_connections_are_closed_with_the_store_engine(url_store: FenceStore, subject: str,
+                                                                     provider: Provider,
+                                                                     make_owner: OwnerFactory) -> None:
+    """The fence's own statements ran on driver connections the store keeps (opened by an autocommit engine of
+    its own); disposing the store's engine closes them and that engine's pool."""
+    direct = url_store.direct
+    assert direct is not None and direct.engine is not url_store.engine
     one_job(url_store, make_owner(), subject, provider)
-    assert url_store.auto.pool.checkedin() >= 1  # the fence's statements used its own pool
+    kept = list(direct._idle)
+    assert kept and all(not c.broken for c in kept)
     url_store.engine.dispose()
-    assert url_store.auto.pool.checkedin() == 0
+    assert not direct._idle and direct.engine.pool.checkedin() == 0

@@ -45,6 +45,7 @@ from ..faults import fault_point
 from . import complete as _complete
 from .astore import AsyncFence, async_url
 from .dbretry import DEFAULT_RETRY, DbRetry, make_engine, retrying, skip_idle_ends, watch_disconnects
+from .direct import Direct
 from .model import COMPLETABLE, FenceRow, FenceState, Owner, provider_key
 from .rows import fenced_out as _fenced_out
 from .rows import row_of as _row
@@ -83,6 +84,17 @@ class FenceStore:
             skip_idle_ends(self.auto)
             self._auto1 = True
             event.listen(self.engine, "engine_disposed", lambda _engine: self.auto.dispose())
+        # A store built from a psycopg / PyMySQL URL sends its prebuilt single statements on driver connections it
+        # keeps (direct.py): SQLAlchemy's execution path cost more CPU than the statements. An Engine passed in
+        # keeps SQLAlchemy's path (its events, its pool), as does SQLite.
+        self.direct: Direct | None = None
+        if isinstance(engine_or_url, str) and self.engine.dialect.driver in ("psycopg", "pymysql"):
+            opener = self.auto if self.auto is not self.engine and not self._pg else make_engine(
+                engine_or_url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10)
+            direct = self.direct = Direct(opener)
+            direct.keep(vars(self.stmts).values())
+            event.listen(self.engine, "engine_disposed", lambda _engine: direct.close())
+        self._maria_returning: bool | None = None
         # `async with` fences run their statements on an AsyncEngine of the same URL where there is one (astore.py).
         self._async_url = async_url(engine_or_url) if isinstance(engine_or_url, str) else None
         self._astore: AsyncFence | None = None
@@ -106,6 +118,14 @@ class FenceStore:
                 return fn(conn)
         return retrying(self.retry, attempt, "fence read")
 
+    def _read1(self, fn: Callable[[Any], T]) -> T:
+        """:meth:`_read` for ``fn`` that runs prebuilt statements only: on a kept driver connection where the
+        store has them."""
+        direct = self.direct
+        if direct is None:
+            return self._read(fn)
+        return retrying(self.retry, lambda _retried: direct.run(fn), "fence read")
+
     def _write(self, what: str, fn: Callable[[Connection, bool], T]) -> T:
         """``fn(conn, retried)`` in one transaction, run again on a fresh connection when its connection dies."""
         def attempt(retried: bool) -> T:
@@ -113,8 +133,12 @@ class FenceStore:
                 return fn(conn, retried)
         return retrying(self.retry, attempt, what)
 
-    def _write1(self, what: str, fn: Callable[[Connection, bool], T]) -> T:
-        """Like :meth:`_write`, for ``fn`` that writes with ONE statement (atomic alone): autocommit where cheap."""
+    def _write1(self, what: str, fn: Callable[[Any, bool], T]) -> T:
+        """Like :meth:`_write`, for ``fn`` that writes with ONE statement (atomic alone): on a kept driver connection
+        where the store has them (``direct.py``), else in autocommit where cheap."""
+        direct = self.direct
+        if direct is not None:
+            return retrying(self.retry, lambda retried: direct.run(lambda conn: fn(conn, retried)), what)
         if not self._auto1:
             return self._write(what, fn)
 
@@ -151,7 +175,7 @@ class FenceStore:
     def get(self, subject: str, step: str) -> FenceRow | None:
         """The fence row, or None."""
         key = {"w_subject": subject, "w_step": step}
-        m = self._read(lambda conn: conn.execute(self.stmts.get, key).mappings().first())
+        m = self._read1(lambda conn: conn.execute(self.stmts.get, key).mappings().first())
         return None if m is None else _row(m)
 
     show = get
@@ -234,10 +258,15 @@ class FenceStore:
         return self._write1("fence capture", attempt)
 
     def _returning(self) -> bool:
-        """MariaDB >= 10.5 (``INSERT … RETURNING``), known once the engine connected."""
-        dialect: Any = self.engine.dialect
-        version = getattr(dialect, "server_version_info", None) or ()
-        return bool(getattr(dialect, "is_mariadb", False)) and tuple(version[:2]) >= (10, 5)
+        """MariaDB >= 10.5 (``INSERT … RETURNING``), asked of the server once."""
+        if self._maria_returning is None:
+            dialect: Any = self.auto.dialect
+            if getattr(dialect, "server_version_info", None) is None:
+                with self.auto.connect():  # the dialect learns the server's version on its first connection
+                    pass
+            version = getattr(dialect, "server_version_info", None) or ()
+            self._maria_returning = bool(getattr(dialect, "is_mariadb", False)) and tuple(version[:2]) >= (10, 5)
+        return self._maria_returning
 
     def take_over(self, row: FenceRow, owner: Owner, *, lease_must_be_over: bool) -> FenceRow | None:
         """Become the owner with epoch+1, conditional on the epoch read; None if another run won."""
