@@ -427,7 +427,7 @@ def in_process(bench: Bench, fence_url: str, prefix: str, jobs: int) -> dict[str
     finally:
         engine.dispose()
         if app.fence_store._astore is not None:
-            _loop().run_until_complete(app.fence_store._astore.engine.dispose())
+            _loop().run_until_complete(app.fence_store._astore.aclose())
         app.close()
     return out
 

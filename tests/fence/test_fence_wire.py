@@ -180,7 +180,7 @@ async def test_an_async_fence_runs_its_statements_on_the_loop(url_store: FenceSt
     assert row is not None and row.state is FenceState.COMPLETED
     astore = url_store.async_store()
     assert astore is not None
-    await astore.engine.dispose()
+    await astore.aclose()
 
 
 def test_a_completion_on_the_fence_engine_sends_its_update_before_the_first_statement(
@@ -250,7 +250,7 @@ async def test_an_async_fence_rides_out_its_connections_being_killed(backend: Ba
         await job(subject)
         row = store.get(subject, "charge")
         assert row is not None and row.state is FenceState.COMPLETED and row.epoch == 1 and provider.effects == 2
-        await astore.engine.dispose()
+        await astore.aclose()
     finally:
         store.engine.dispose()
         admin.dispose()

@@ -1,8 +1,10 @@
-"""The fence's happy-path statements on an AsyncEngine, so ``async with ctx.fence(...)`` runs them on the loop.
+"""The fence's happy-path statements on psycopg's async connection, so ``async with ctx.fence(...)`` runs them on
+the loop.
 
-A store built from a ``postgresql+psycopg://`` URL opens an AsyncEngine on the same URL (psycopg's async
-connection) the first time an ``async with`` fence runs, bound to that event loop: a worker has one loop, so every
-async fence of the process uses it. On any other loop, or with another driver, the fence keeps running its store
+A store built from a ``postgresql+psycopg://`` URL opens psycopg ``AsyncConnection``s to the same URL (its connect
+arguments as SQLAlchemy reads them from the URL) the first time an ``async with`` fence runs, bound to that event
+loop, and keeps them between statements (``direct.AsyncDirect``): a worker has one loop, so every async fence of
+the process uses them. On any other loop, or with another driver, the fence keeps running its store
 calls in a thread (``asyncio.to_thread``), as before. Only the happy path is here (capture or read, calling,
 record, complete, release); the rerun rules that need more (a takeover, the in-doubt rules) run the blocking
 code in a thread, once.
@@ -16,20 +18,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Update, select
 from sqlalchemy.engine import make_url
 
 from ..faults import fault_point
-from .dbretry import aretrying, watch_disconnects
+from .dbretry import aretrying
+from .direct import AConn, AsyncDirect
 from .model import COMPLETABLE, FenceRow, FenceState, Owner, provider_key
 from .rows import fenced_out as _fenced_out
 from .rows import row_of as _row
 from .statements import where
-
-if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 T = TypeVar("T")
 
@@ -40,56 +40,38 @@ def async_url(url: str) -> str | None:
 
 
 class AsyncFence:
-    """One store's statements on an AsyncEngine bound to one event loop."""
+    """One store's statements on psycopg async connections it keeps, bound to one event loop."""
 
     def __init__(self, store: Any, url: str, loop: asyncio.AbstractEventLoop) -> None:
         """``store``: the FenceStore whose statements, table and retry policy these are."""
-        from sqlalchemy.ext.asyncio import create_async_engine
-
         self.store, self.loop = store, loop
-        # A pool of its own, opened in autocommit (set once per connection, not switched at every checkout and
-        # back), and nothing to roll back when a connection returns: only single statements run here.
-        self.engine: AsyncEngine = create_async_engine(url, isolation_level="AUTOCOMMIT", pool_reset_on_return=None)
-        watch_disconnects(self.engine.sync_engine)
-        self.auto: AsyncEngine = self.engine
-        self._compiled: dict[int, tuple[Any, Any]] = {}  # id(statement) -> (statement, compiled)
+        dialect = store.engine.dialect  # psycopg's: the same SQL as its async twin's
+        cargs, cparams = dialect.create_connect_args(make_url(url))
 
-    async def _run(self, what: str, fn: Callable[[AsyncConnection, bool], Awaitable[T]]) -> T:
-        async def attempt(retried: bool) -> T:
-            async with self.auto.connect() as conn:
-                return await fn(conn, retried)
-        return await aretrying(self.store.retry, attempt, what)
+        async def connect() -> Any:
+            import psycopg
 
-    def _sql(self, stmt: Any) -> Any:
-        """``stmt`` compiled once for this dialect (psycopg's ``%(name)s``)."""
-        compiled = self._compiled.get(id(stmt))
-        if compiled is None:
-            compiled = self._compiled[id(stmt)] = (stmt, stmt.compile(dialect=self.engine.dialect))
-        return compiled[1]
+            return await psycopg.AsyncConnection.connect(*cargs, autocommit=True, **cparams)
 
-    async def _execute(self, conn: AsyncConnection, stmt: Any, values: dict[str, Any]) -> tuple[int, Any]:
-        """One prebuilt statement on the driver connection (psycopg's own async cursor): SQLAlchemy's execution
-        path, greenlet included, costs more CPU than the statement. (rowcount, first row as a dict or None). A
-        driver error is raised as SQLAlchemy raises it: a dead connection invalidated, ``DBAPIError`` with
-        ``connection_invalidated``, so the retry sees the usual error."""
-        from sqlalchemy.exc import DBAPIError
+        # Kept between statements, opened in autocommit: no pool checkout, no greenlet, no reset per statement.
+        self.direct = AsyncDirect(dialect, connect)
+        self.direct.keep(vars(store.stmts).values())
 
-        compiled = self._sql(stmt)
-        params = compiled.construct_params(values)
-        raw: Any = (await conn.get_raw_connection()).driver_connection
-        dbapi = self.engine.dialect.loaded_dbapi
-        try:
-            async with raw.cursor() as cur:
-                await cur.execute(compiled.string, params)
-                row = await cur.fetchone() if cur.description else None
-                found = None if row is None else dict(zip([d.name for d in cur.description], row, strict=True))
-                return cur.rowcount, found
-        except Exception as exc:
-            gone = bool(raw.broken or raw.closed or _gone(exc))
-            if gone:
-                await conn.invalidate(exc)
-            raise DBAPIError.instance(compiled.string, params, exc, dbapi.Error,
-                                      connection_invalidated=gone, dialect=self.engine.dialect) from exc
+    async def aclose(self) -> None:
+        """Close the connections kept (on this loop)."""
+        await self.direct.aclose()
+
+    async def _run(self, what: str, fn: Callable[[AConn, bool], Awaitable[T]]) -> T:
+        direct = self.direct
+        return await aretrying(self.store.retry, lambda retried: direct.run(lambda conn: fn(conn, retried)), what)
+
+    @staticmethod
+    async def _execute(conn: AConn, stmt: Any, values: dict[str, Any]) -> tuple[int, Any]:
+        """One prebuilt statement: (rowcount, first row as a dict or None). A driver error is raised as SQLAlchemy
+        raises it (``DBAPIError``, ``connection_invalidated`` for a dead connection), so the retry sees the usual
+        error."""
+        result = await conn.execute(stmt, values)
+        return result.rowcount, result.mappings().first()
 
     async def capture_or_get(self, subject: str, step: str, owner: Owner, phash: str, retention_s: float | None,
                              request: str | None = None) -> tuple[FenceRow | None, bool]:
@@ -102,7 +84,7 @@ class AsyncFence:
         if request is not None:
             values["v_request"] = request
 
-        async def run(conn: AsyncConnection, _retried: bool) -> Any:
+        async def run(conn: AConn, _retried: bool) -> Any:
             return (await self._execute(conn, stmt, values))[1]
 
         m = await self._run("fence capture", run)
@@ -113,8 +95,7 @@ class AsyncFence:
                             request=request, retention_s=retention_s, lease_live=True), True
         return (None if m["id"] is None else _row(m)), False
 
-    async def _holds(self, conn: AsyncConnection, subject: str, step: str, epoch: int,
-                     expect: dict[str, Any]) -> bool:
+    async def _holds(self, conn: AConn, subject: str, step: str, epoch: int, expect: dict[str, Any]) -> bool:
         t = self.store.table
         q = select(*(t.c[k] for k in expect)).where(t.c.subject == subject, t.c.step == step, t.c.epoch == epoch)
         found = (await conn.execute(q)).first()
@@ -124,7 +105,7 @@ class AsyncFence:
                    states: Sequence[FenceState], expect: dict[str, Any] | None, before: str | None = None) -> None:
         params = {**where(subject, step, epoch, *states), **values}
 
-        async def run(conn: AsyncConnection, retried: bool) -> None:
+        async def run(conn: AConn, retried: bool) -> None:
             if before is not None:
                 fault_point(before)
             if (await self._execute(conn, stmt, params))[0] == 1:
@@ -157,7 +138,7 @@ class AsyncFence:
     async def release(self, subject: str, step: str, epoch: int) -> None:
         params = where(subject, step, epoch)
 
-        async def run(conn: AsyncConnection, _retried: bool) -> None:
+        async def run(conn: AConn, _retried: bool) -> None:
             await self._execute(conn, self.store.stmts.release, params)
 
         await self._run("fence release", run)
@@ -166,11 +147,3 @@ class AsyncFence:
                        states: Sequence[FenceState] = COMPLETABLE) -> None:
         await self._cas(self.store.stmts.complete, subject, step, epoch, {"v_result": result}, states,
                         {"state": FenceState.COMPLETED.value, "result": result}, before="before_commit")
-
-
-def _gone(exc: BaseException) -> bool:
-    """PostgreSQL's "this connection is gone" SQLSTATEs (as ``dbretry.watch_disconnects`` counts them)."""
-    from .dbretry import _PG_GONE, _PG_GONE_TEXT
-
-    state = getattr(exc, "sqlstate", None)
-    return (isinstance(state, str) and state.startswith(_PG_GONE)) or any(t in str(exc) for t in _PG_GONE_TEXT)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import (
     AbstractAsyncContextManager,
     AbstractContextManager,
@@ -30,7 +30,7 @@ from ..errors import ConfigError, FencedOut
 from ..faults import fault_point
 from ..offloop import in_thread
 from .dbretry import NO_RETRY, DbRetry, aretrying, is_disconnect, retrying
-from .lazy import lazy_completion
+from .lazy import lazy_completion, unsent
 
 Stale = Callable[[], FencedOut]
 
@@ -264,23 +264,19 @@ def _sa_completion(db: Connection | Session, stmt: Bound, stale: Stale,
 
 @asynccontextmanager
 async def async_completion(db: Any, stmt: Bound, dialect: Dialect, stale: Stale, retry: DbRetry = NO_RETRY,
-                           committed: Committed | None = None,
-                           alone: Callable[[], None] | None = None) -> AsyncIterator[Any]:
+                           committed: Committed | None = None, alone: Callable[[], None] | None = None,
+                           aalone: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[Any]:
     """Async twin of :func:`sync_completion` for AsyncEngine, AsyncConnection and AsyncSession.
 
     A sync SQLAlchemy ``db`` gets its blocking statements (begin, the fence UPDATE, commit) run in a
     thread; a DB-API or Django connection, usually bound to its thread, keeps them on the loop's.
+    ``aalone``: ``alone`` on the loop (the store's async statements), for a block that sent nothing.
     """
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
     if not isinstance(db, AsyncEngine | AsyncConnection | AsyncSession):
-        sync = sync_completion(db, stmt, dialect, stale, retry, committed, alone)
-        if isinstance(db, Engine | Connection | Session):
-            async with in_thread(sync) as conn:
-                yield conn
-        else:
-            with sync as conn:
-                yield conn
+        async with _sync_db(db, stmt, dialect, stale, retry, committed, alone, aalone) as conn:
+            yield conn
         return
     if isinstance(db, AsyncEngine):
         atx, aconn = await aretrying(retry, lambda _retried: _abegin(db, stmt, stale), "fence completion")
@@ -310,6 +306,47 @@ async def async_completion(db: Any, stmt: Bound, dialect: Dialect, stale: Stale,
         await db.rollback()
         if not await asyncio.to_thread(_confirm, exc, committed):
             raise
+
+
+@asynccontextmanager
+async def _sync_db(db: Any, stmt: Bound, dialect: Dialect, stale: Stale, retry: DbRetry, committed: Committed | None,
+                   alone: Callable[[], None] | None,
+                   aalone: Callable[[], Awaitable[None]] | None) -> AsyncIterator[Any]:
+    """:func:`async_completion` with a sync ``db``."""
+    if isinstance(db, Engine) and alone is not None and aalone is not None:
+        async with _alone_on_loop(db, stmt, dialect, stale, retry, committed, aalone) as conn:
+            yield conn
+        return
+    sync = sync_completion(db, stmt, dialect, stale, retry, committed, alone)
+    if isinstance(db, Engine | Connection | Session):
+        async with in_thread(sync) as conn:
+            yield conn
+    else:
+        with sync as conn:
+            yield conn
+
+
+@asynccontextmanager
+async def _alone_on_loop(db: Engine, stmt: Bound, dialect: Dialect, stale: Stale, retry: DbRetry,
+                         committed: Committed | None, aalone: Callable[[], Awaitable[None]]) -> AsyncIterator[Any]:
+    """The store's own sync Engine in an ``async with``: the connection is checked out in a thread; a block that
+    sent nothing gives it back on the loop (no I/O: nothing is open on it) and completes with the store's async
+    statement, with no second thread hop. A block that wrote commits in a thread, as before."""
+    needed: list[bool] = []
+    sync = sync_completion(db, stmt, dialect, stale, retry, committed, lambda: needed.append(True))
+    conn = await asyncio.to_thread(sync.__enter__)
+    try:
+        yield conn
+    except BaseException as exc:
+        if not await asyncio.to_thread(sync.__exit__, type(exc), exc, exc.__traceback__):
+            raise
+        return
+    if not unsent(conn):
+        await asyncio.to_thread(sync.__exit__, None, None, None)
+        return
+    sync.__exit__(None, None, None)  # gives the connection back and asks for the completion alone
+    if needed:
+        await aalone()
 
 
 async def _abegin(db: Any, stmt: Bound, stale: Stale) -> tuple[Any, Any]:

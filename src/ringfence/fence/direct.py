@@ -20,7 +20,8 @@ statement and back (the bench's wire trace).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine
@@ -90,46 +91,14 @@ class Mappings:
         return (dict(zip(names, r, strict=True)) for r in self.result.rows or ())
 
 
-class Conn:
-    """One driver connection the store keeps (autocommit), with its cursor."""
+class _Kept:
+    """What the sync and the async kept connections share: hooks, compiled statements, errors as SQLAlchemy's."""
 
-    __slots__ = ("broken", "direct", "fairy", "raw")
-
-    def __init__(self, direct: Direct, fairy: Any) -> None:
-        self.direct, self.fairy, self.raw = direct, fairy, fairy.driver_connection
-        self.broken = False
-
-    def execute(self, stmt: Any, params: dict[str, Any] | None = None) -> Result:
-        """``stmt`` (a prebuilt statement, compiled once) with ``params``, as one autocommit statement."""
-        d = self.direct
-        sql = d.sql(stmt)
-        p = {**sql.params, **params} if params else dict(sql.params)
-        for hook in d.hooks:
-            hook(self.raw, sql.text, p)
-        try:
-            cur = self.raw.cursor()
-            try:
-                cur.execute(sql.text, p)
-                if sql.names is None:
-                    sql.names = None if cur.description is None else [c[0] for c in cur.description]
-                return Result(cur.rowcount, sql.names, None if sql.names is None else cur.fetchall())
-            finally:
-                cur.close()
-        except Exception as exc:
-            raise d.error(self, exc, sql.text, p) from exc
-
-
-class Direct:
-    """The driver connections one store keeps for its single statements (sync)."""
-
-    def __init__(self, engine: Engine) -> None:
-        """``engine``: an engine of the store's URL in autocommit, used only to open connections."""
-        self.engine = engine
-        self.dialect = engine.dialect
+    def __init__(self, dialect: Any) -> None:
+        self.dialect = dialect
         self.hooks: list[Hook] = []
         self.on_take: list[Callable[[Any], None]] = []
         self.on_give: list[Callable[[Any], None]] = []
-        self._idle: deque[Conn] = deque()
         self._sql: dict[int, Sql] = {}
         self._kept: dict[int, Any] = {}
 
@@ -146,6 +115,58 @@ class Direct:
         """The store's prebuilt statements: each is compiled once."""
         self._kept = {id(s): s for s in stmts}  # (held: an id stays theirs)
 
+    def prepare(self, raw: Any, stmt: Any, params: dict[str, Any] | None) -> tuple[Sql, dict[str, Any]]:
+        sql = self.sql(stmt)
+        p = {**sql.params, **params} if params else dict(sql.params)
+        for hook in self.hooks:
+            hook(raw, sql.text, p)
+        return sql, p
+
+    def error(self, conn: Any, exc: Exception, sql: str | None, params: Any) -> BaseException:
+        """The error SQLAlchemy would raise for ``exc``; ``conn`` (if any) is marked broken when it is dead."""
+        dbapi = self.dialect.loaded_dbapi
+        gone = _gone(self.dialect, exc, None if conn is None else conn.raw)
+        if conn is not None and (gone or not isinstance(exc, dbapi.Error)):
+            conn.broken = True
+        if not isinstance(exc, dbapi.Error):
+            return exc
+        wrapped: BaseException = DBAPIError.instance(sql, params, exc, dbapi.Error, connection_invalidated=gone,
+                                                     dialect=self.dialect)
+        return wrapped
+
+
+class Conn:
+    """One driver connection the store keeps (autocommit), with its cursor."""
+
+    __slots__ = ("broken", "cur", "direct", "fairy", "raw")
+
+    def __init__(self, direct: Direct, fairy: Any) -> None:
+        self.direct, self.fairy, self.raw = direct, fairy, fairy.driver_connection
+        self.cur = self.raw.cursor()
+        self.broken = False
+
+    def execute(self, stmt: Any, params: dict[str, Any] | None = None) -> Result:
+        """``stmt`` (a prebuilt statement, compiled once) with ``params``, as one autocommit statement."""
+        sql, p = self.direct.prepare(self.raw, stmt, params)
+        cur = self.cur
+        try:
+            cur.execute(sql.text, p)
+            if sql.names is None:
+                sql.names = None if cur.description is None else [c[0] for c in cur.description]
+            return Result(cur.rowcount, sql.names, None if sql.names is None else cur.fetchall())
+        except Exception as exc:
+            raise self.direct.fail(self, exc, sql.text, p) from exc
+
+
+class Direct(_Kept):
+    """The driver connections one store keeps for its single statements (sync; threads share them)."""
+
+    def __init__(self, engine: Engine) -> None:
+        """``engine``: an engine of the store's URL in autocommit, used only to open connections."""
+        super().__init__(engine.dialect)
+        self.engine = engine
+        self._idle: deque[Conn] = deque()
+
     def run(self, fn: Callable[[Conn], T]) -> T:
         """``fn(conn)`` on a kept connection (a new one when none is idle); the connection is kept again unless
         it broke or ``fn`` was interrupted by something other than an error."""
@@ -158,35 +179,30 @@ class Direct:
         try:
             out = fn(conn)
         except Exception:
-            self._give(conn)
+            self._give(conn, _idle(conn.raw))
             raise
         except BaseException:
-            conn.broken = True  # interrupted mid-statement, maybe: never reused
-            self._give(conn)
+            self._give(conn, False)  # interrupted mid-statement, maybe: never reused
             raise
-        self._give(conn)
+        self._give(conn, True)  # its statements ran in autocommit: nothing is open
         return out
 
-    def _give(self, conn: Conn) -> None:
+    def _give(self, conn: Conn, idle: bool) -> None:
         for tap in self.on_give:
             tap(conn.raw)
-        if conn.broken or not _idle(conn.raw):
+        if conn.broken or not idle:
+            conn.broken = True
             _discard(conn)
             return
         self._idle.append(conn)
 
-    def error(self, conn: Conn, exc: Exception, sql: str, params: Any) -> BaseException:
-        """The error SQLAlchemy would raise for ``exc``; a dead connection is dropped with every idle one (a
-        restart or a failover kills them all; SQLAlchemy's pool does the same)."""
-        dbapi = self.dialect.loaded_dbapi
-        gone = _gone(self.dialect, exc, conn.raw)
-        if gone or not isinstance(exc, dbapi.Error):
-            conn.broken = True
-        if gone:
+    def fail(self, conn: Conn, exc: Exception, sql: str, params: Any) -> BaseException:
+        """:meth:`_Kept.error`; a dead connection is dropped with every idle one (a restart or a failover kills
+        them all; SQLAlchemy's pool does the same)."""
+        out = self.error(conn, exc, sql, params)
+        if getattr(out, "connection_invalidated", False):
             self.drop_idle()
-        if not isinstance(exc, dbapi.Error):
-            return exc
-        return DBAPIError.instance(sql, params, exc, dbapi.Error, connection_invalidated=gone, dialect=self.dialect)
+        return out
 
     def drop_idle(self) -> None:
         while True:
@@ -203,14 +219,99 @@ class Direct:
         self.engine.dispose()
 
 
+class AConn:
+    """One async driver connection (psycopg's ``AsyncConnection``, autocommit) kept by :class:`AsyncDirect`."""
+
+    __slots__ = ("broken", "direct", "raw")
+
+    def __init__(self, direct: AsyncDirect, raw: Any) -> None:
+        self.direct, self.raw = direct, raw
+        self.broken = False
+
+    async def execute(self, stmt: Any, params: dict[str, Any] | None = None) -> Result:
+        """Async :meth:`Conn.execute`."""
+        sql, p = self.direct.prepare(self.raw, stmt, params)
+        try:
+            cur = self.raw.cursor()
+            try:
+                await cur.execute(sql.text, p)
+                if sql.names is None:
+                    sql.names = None if cur.description is None else [c[0] for c in cur.description]
+                return Result(cur.rowcount, sql.names, None if sql.names is None else await cur.fetchall())
+            finally:
+                await cur.close()
+        except Exception as exc:
+            raise self.direct.fail(self, exc, sql.text, p) from exc
+
+
+class AsyncDirect(_Kept):
+    """The async driver connections one store keeps on one event loop (opened by ``connect``, in autocommit)."""
+
+    def __init__(self, dialect: Any, connect: Callable[[], Awaitable[Any]]) -> None:
+        super().__init__(dialect)
+        self._connect = connect
+        self._idle: deque[AConn] = deque()
+        self._dead: list[AConn] = []  # closed at the next statement (closing is async)
+
+    async def run(self, fn: Callable[[AConn], Awaitable[T]]) -> T:
+        """Async :meth:`Direct.run`."""
+        if self._dead:
+            await self._close_dead()
+        try:
+            conn = self._idle.pop()
+        except IndexError:
+            try:
+                conn = AConn(self, await self._connect())
+            except Exception as exc:
+                raise self.error(None, exc, None, None) from exc
+        for tap in self.on_take:
+            tap(conn.raw)
+        try:
+            out = await fn(conn)
+        except Exception:
+            self._give(conn, _idle(conn.raw))
+            raise
+        except BaseException:  # cancelled mid-statement, maybe: never reused
+            self._give(conn, False)
+            raise
+        self._give(conn, True)
+        return out
+
+    def _give(self, conn: AConn, idle: bool) -> None:
+        for tap in self.on_give:
+            tap(conn.raw)
+        if conn.broken or not idle:
+            conn.broken = True
+            self._dead.append(conn)
+            return
+        self._idle.append(conn)
+
+    def fail(self, conn: AConn, exc: Exception, sql: str, params: Any) -> BaseException:
+        out = self.error(conn, exc, sql, params)
+        if getattr(out, "connection_invalidated", False):
+            self._dead.extend(self._idle)
+            self._idle.clear()
+        return out
+
+    async def _close_dead(self) -> None:
+        dead, self._dead = self._dead, []
+        for conn in dead:
+            with suppress(Exception):  # already gone: nothing to close
+                await conn.raw.close()
+
+    async def aclose(self) -> None:
+        """Close every kept connection."""
+        self._dead.extend(self._idle)
+        self._idle.clear()
+        await self._close_dead()
+
+
 def _discard(conn: Conn) -> None:
-    try:
+    with suppress(Exception):  # a connection already gone: nothing to give back
         if conn.broken:
             conn.fairy.invalidate()
         else:
             conn.fairy.close()  # back to its engine's pool
-    except Exception:  # a connection already gone: nothing to give back
-        pass
 
 
 def _idle(raw: Any) -> bool:

@@ -113,6 +113,12 @@ def lazy_completion(db: Engine, first: Callable[[Connection], int], stale: Calla
     _close(conn, restore)
 
 
+def unsent(conn: Connection) -> bool:
+    """Has the block on ``conn`` (from :func:`lazy_completion`) sent nothing yet? Leaving it then does no I/O but
+    the completion ``alone``."""
+    return conn in _pending and not _in_transaction(conn)
+
+
 def _close(conn: Connection, restore: Callable[[Connection], None]) -> None:
     try:
         restore(conn)

@@ -231,23 +231,26 @@ class AsyncStep(_StepView):
                      reference: Callable[[Any], Any] | None = None) -> str:
         """Async :meth:`Step.effect`; ``fn`` may be sync or return an awaitable."""
         core, a = self._core, self._astore
-        if a is not None:  # calling and the record on the loop; only a sync fn runs in a thread
-            stored = await core.abegin_effect(a, request)
-            if stored is not None:
-                return stored
-            return await core.afinish_effect(a, await call_off_loop(fn), reference)
-        if inspect.iscoroutinefunction(fn):
-            stored = await asyncio.to_thread(core.begin_effect, request)
+        if inspect.iscoroutinefunction(fn):  # calling and the record on the loop where the store can
+            stored = await (core.abegin_effect(a, request) if a is not None
+                            else asyncio.to_thread(core.begin_effect, request))
             if stored is not None:
                 return stored
             value = await fn()
-        else:  # one thread hop for calling, the call and the record (unless fn hands back an awaitable)
+        else:
+            # A sync fn runs in a thread anyway: calling, the call and the record share that one hop (the sync
+            # statements cost less CPU than the async ones; a stored reference needs no hop at all).
+            stored = core.plan_effect(request)[0] if a is not None else None
+            if stored is not None:
+                return stored
             stored, value = await asyncio.to_thread(_sync_effect, core, fn, request, reference)
             if stored is not None:
                 return stored
             if not inspect.isawaitable(value):
                 return str(value)  # recorded in the thread: value is the reference
             value = await value
+        if a is not None:
+            return await core.afinish_effect(a, value, reference)
         return await asyncio.to_thread(core.finish_effect, value, reference)
 
     @asynccontextmanager

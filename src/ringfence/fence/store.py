@@ -377,10 +377,13 @@ class FenceStore:
                     states: Sequence[FenceState] = COMPLETABLE) -> AbstractAsyncContextManager[Any]:
         """Async twin of :meth:`completion` (AsyncEngine / AsyncConnection / AsyncSession, or a sync ``db``)."""
         stmt = self.complete_statement(subject, step, epoch, result, states)
+        alone = self._alone(db, subject, step, epoch, result, states)
+        astore = self.async_store() if alone is not None else None
         inner = _complete.async_completion(db, stmt, self.engine.dialect,
                                            lambda: _fenced_out(subject, step, epoch, states), self.retry,
-                                           self._committed(subject, step, epoch, result),
-                                           self._alone(db, subject, step, epoch, result, states))
+                                           self._committed(subject, step, epoch, result), alone,
+                                           None if astore is None else
+                                           lambda: astore.complete(subject, step, epoch, result, states))
         return _complete.anaming_databases(inner, db, self.table.name, self._url())
 
     def _alone(self, db: Any, subject: str, step: str, epoch: int, result: str | None,
