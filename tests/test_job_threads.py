@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ringfence.tasks import JobContext
-from ringfence.worker.calls import JobTimeout, SyncRunner, call_sync
+from ringfence.worker.calls import JobTimeout, SyncRun, SyncRunner, call_sync
 from ringfence.worker.worker import run_loop
 
 
@@ -31,13 +31,13 @@ async def test_a_queued_call_times_out_from_its_own_start_and_results_come_back_
 
     runner = SyncRunner(1)  # one thread: the second call waits 0.4 s for it before it starts
     overruns: list[int] = []
-    futures: list[asyncio.Future[Any]] = []
+    futures: list[SyncRun] = []
     first = call_sync(runner, slow, _ctx(5), (), {"seconds": 0.4}, 5, on_thread=futures.append,
                       on_overrun=lambda: overruns.append(1))
     second = call_sync(runner, slow, _ctx(0.3), (), {"seconds": 0.1}, 0.3, on_thread=futures.append,
                        on_overrun=lambda: overruns.append(1))
     await asyncio.gather(first, second)  # the second ran 0.1 s of its 0.3 s: no timeout
-    assert [f.result() for f in futures] == ["done", "done"] and not overruns
+    assert [f.future.result() for f in futures] == ["done", "done"] and not overruns
     assert names == ["ringfence-job_0", "ringfence-job_0"]
 
     ctx = _ctx(0.2)
@@ -61,6 +61,26 @@ async def test_a_handler_error_is_the_calls_outcome(make_app) -> None:
         await call_sync(runner, fails, _ctx(5), (), {}, 5, on_thread=lambda f: None,
                         on_overrun=lambda: overruns.append(1))
     assert not overruns
+    runner.close()
+
+
+async def test_calls_that_wait_for_a_busy_thread_get_one_each_up_to_the_limit(make_app) -> None:
+    """Two threads to start with; one more whenever a call has waited 5 ms with no thread free, so four slow
+    calls still run at once (two threads would take 1 s)."""
+    app = make_app()
+    names: set[str] = set()
+
+    @app.task
+    def slow(ctx: Any, seconds: float) -> None:
+        names.add(threading.current_thread().name)
+        time.sleep(seconds)
+
+    runner = SyncRunner(4)
+    t0 = time.monotonic()
+    await asyncio.gather(*(call_sync(runner, slow, _ctx(5), (), {"seconds": 0.5}, 5, on_thread=lambda r: None,
+                                     on_overrun=lambda: None) for _ in range(5)))
+    assert len(names) == 4  # never more threads than the limit: the fifth call waited for one
+    assert time.monotonic() - t0 < 1.4  # 4 at once, then the fifth; 2 threads would take 1.5 s
     runner.close()
 
 

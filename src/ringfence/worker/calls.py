@@ -39,53 +39,103 @@ async def call_async(task: Task, ctx: JobContext, args: tuple[Any, ...], kwargs:
 
 
 class SyncRun:
-    """One sync handler call: ``future`` (on the loop) is done once its thread has returned."""
+    """One sync handler call. ``future`` (on the loop) has its outcome once its thread has returned; ``done()``
+    says whether the loop has heard that it returned (a cancelled ``future`` says nothing about the thread)."""
 
-    __slots__ = ("args", "error", "finished", "fn", "future", "kwargs", "result", "started")
+    __slots__ = ("args", "ctx", "error", "finished", "fn", "future", "kwargs", "on_overrun", "overran", "result",
+                 "returned", "started", "submitted", "task", "timeout_s", "waiters")
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                 future: asyncio.Future[Any]) -> None:
+                 future: asyncio.Future[Any], timeout_s: float, ctx: JobContext | None, task: str,
+                 on_overrun: Callable[[], None] | None) -> None:
         self.fn, self.args, self.kwargs, self.future = fn, args, kwargs, future
+        self.timeout_s, self.ctx, self.task, self.on_overrun = timeout_s, ctx, task, on_overrun
+        self.submitted = 0.0  # time.monotonic() when it was queued
         self.started: float | None = None  # time.monotonic() when its thread took it
-        self.finished = False
+        self.finished = False  # set by its thread
+        self.returned = False  # set on the loop, once the loop has the outcome
+        self.overran = False   # the watchdog found it past its timeout
         self.result: Any = None
         self.error: BaseException | None = None
+        self.waiters: list[asyncio.Future[None]] | None = None
 
-
-def _retrieved(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
+    def done(self) -> bool:
+        return self.returned
 
 
 class SyncRunner:
     """Long-lived job threads that take calls from one queue and hand results back in batches.
 
     Unlike ``run_in_executor`` per job, a thread never wakes the loop to say it started (it stamps the time),
-    and finished calls reach the loop through one ``call_soon_threadsafe`` per batch, not one per call: the
-    loop thread and the job threads contend for the GIL far less often."""
+    finished calls reach the loop through one ``call_soon_threadsafe`` per batch, not one per call, and time
+    bounds are kept by one watchdog timer for all calls (armed for the earliest deadline), not one per call:
+    per job the loop makes one future and no timer or callback.
 
-    def __init__(self, max_threads: int, name: str = "ringfence-job") -> None:
+    It starts ``first_threads`` threads and adds one, up to ``max_threads`` (one per slot), whenever a call has
+    waited ``grow_after_s`` while no thread took any: slow handlers soon get a thread each, while short ones
+    are run by a few threads, which take the GIL from each other far less often than one per slot would
+    (docs/benchmarks.md, "Third pass: the sync drain")."""
+
+    def __init__(self, max_threads: int, name: str = "ringfence-job", *, first_threads: int = 2,
+                 grow_after_s: float = 0.005) -> None:
         self.max_threads = max_threads
+        self.first_threads = min(first_threads, max_threads)
+        self.grow_after_s = grow_after_s
         self.name = name
+        self.running: set[SyncRun] = set()  # submitted, not yet returned (as the loop knows)
         self._calls: queue.SimpleQueue[SyncRun | None] = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)
         self._threads: list[threading.Thread] = []
         self._done: collections.deque[SyncRun] = collections.deque()
         self._lock = threading.Lock()
         self._wake_pending = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._watchdog_at = 0.0
+        self._waiting: collections.deque[SyncRun] = collections.deque()  # queued while every thread was busy
+        self._grower: asyncio.TimerHandle | None = None
+        self._last_start = 0.0  # time.monotonic() when a thread last took a call
         self._closed = False
 
-    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> SyncRun:
+    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout_s: float = 0.0,
+               ctx: JobContext | None = None, task: str = "", on_overrun: Callable[[], None] | None = None) -> SyncRun:
+        """Queue a call; with ``timeout_s``, the watchdog calls ``on_overrun`` once it is past it (counted from
+        the call's start in its thread)."""
         loop = self._loop = asyncio.get_running_loop()
-        run = SyncRun(fn, args, kwargs, loop.create_future())
-        run.future.add_done_callback(_retrieved)  # a caller that stopped waiting must not leave it unread
+        run = SyncRun(fn, args, kwargs, loop.create_future(), timeout_s, ctx, task, on_overrun)
+        run.submitted = now = time.monotonic()
+        self.running.add(run)
         self._calls.put(run)
-        if not self._idle.acquire(blocking=False) and len(self._threads) < self.max_threads:
-            t = threading.Thread(target=self._work, name=f"{self.name}_{len(self._threads)}", daemon=True)
-            self._threads.append(t)
-            t.start()
+        if len(self.running) > len(self._threads) and len(self._threads) < self.max_threads:  # all threads busy
+            if len(self._threads) < self.first_threads:
+                self._start_thread()
+            else:
+                self._waiting.append(run)
+                if self._grower is None:
+                    self._grower = loop.call_later(self.grow_after_s, self._grow)
+        if timeout_s:
+            self._arm(now + timeout_s)  # its earliest deadline: it has not started yet
         return run
+
+    def _start_thread(self) -> None:
+        t = threading.Thread(target=self._work, name=f"{self.name}_{len(self._threads)}", daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _grow(self) -> None:
+        """One more thread when a call has waited ``grow_after_s`` for one (slow handlers: up to one per slot)."""
+        self._grower = None
+        waiting = self._waiting
+        while waiting and waiting[0].started is not None:
+            waiting.popleft()
+        if not waiting or len(self._threads) >= self.max_threads:
+            waiting.clear()
+            return
+        now = time.monotonic()
+        if now - waiting[0].submitted >= self.grow_after_s and now - self._last_start >= self.grow_after_s:
+            self._start_thread()  # every thread is held by a slow call
+            waiting.popleft()
+        if waiting and self._loop is not None:
+            self._grower = self._loop.call_later(self.grow_after_s, self._grow)
 
     def _work(self) -> None:
         calls, done = self._calls, self._done
@@ -93,7 +143,7 @@ class SyncRunner:
             run = calls.get()
             if run is None:
                 return
-            run.started = time.monotonic()
+            run.started = self._last_start = time.monotonic()
             try:
                 run.result = run.fn(*run.args, **run.kwargs)
             except BaseException as exc:  # the handler's outcome, whatever it is
@@ -106,86 +156,112 @@ class SyncRunner:
             if wake and self._loop is not None:
                 with contextlib.suppress(RuntimeError):  # the loop closed: the process is exiting
                     self._loop.call_soon_threadsafe(self._settle)
-            self._idle.release()
 
     def _settle(self) -> None:
         with self._lock:
             self._wake_pending = False
-        done = self._done
+        done, running = self._done, self.running
         while done:
             run = done.popleft()
-            if run.future.done():  # cancelled by close()
+            run.returned = True
+            running.discard(run)
+            if not run.future.done():  # cancelled: its caller stopped waiting
+                if run.error is not None:
+                    run.future.set_exception(run.error)
+                else:
+                    run.future.set_result(run.result)
+            run.error = None  # no reference cycle through the traceback
+            for waiter in run.waiters or ():
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    async def wait_returned(self, run: SyncRun) -> None:
+        """Wait until ``run``'s thread has returned (whether or not anyone still waits for its outcome)."""
+        if run.returned:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        if run.waiters is None:
+            run.waiters = []
+        run.waiters.append(waiter)
+        await waiter
+
+    # -- the watchdog: one timer for every call's time bound --------------------------------------------------
+    def _arm(self, at: float) -> None:
+        if self._watchdog is not None and self._watchdog_at <= at:
+            return
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        assert self._loop is not None
+        self._watchdog_at = at
+        self._watchdog = self._loop.call_later(max(0.0, at - time.monotonic()), self._watch)
+
+    def _watch(self) -> None:
+        self._watchdog = None
+        now = time.monotonic()
+        earliest: float | None = None
+        for run in list(self.running):
+            if run.finished or run.overran or not run.timeout_s:
                 continue
-            if run.error is not None:
-                run.future.set_exception(run.error)
-                run.error = None  # no reference cycle through the traceback
-            else:
-                run.future.set_result(run.result)
+            started = run.started
+            due = (now if started is None else started) + run.timeout_s  # a call counts from its start
+            if started is not None and due <= now:
+                run.overran = True
+                _overran(run)
+            elif earliest is None or due < earliest:
+                earliest = due
+        if earliest is not None:
+            self._arm(earliest)
 
     def close(self) -> None:
         """Stop idle threads; calls not started yet are dropped (a running one ends on its own)."""
         if self._closed:
             return
         self._closed = True
+        for timer in (self._watchdog, self._grower):
+            if timer is not None:
+                timer.cancel()
         while True:
             try:
                 run = self._calls.get_nowait()
             except queue.Empty:
                 break
-            if run is not None and not run.future.done():
+            if run is not None:
+                self.running.discard(run)  # it never reaches a thread
                 run.future.cancel()
         for _ in self._threads:
             self._calls.put(None)
 
 
-async def _bounded(run: SyncRun, timeout_s: float) -> bool:
-    """Wait for ``run``'s thread; False when it has not returned ``timeout_s`` after it started."""
-    loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[bool] = loop.create_future()
-    handle: asyncio.TimerHandle | None = None
-
-    def expire() -> None:
-        nonlocal handle
-        if waiter.done():
-            return
-        if run.finished:  # returned in time; its result is on the way to the loop
-            return
-        left = timeout_s if run.started is None else run.started + timeout_s - time.monotonic()
-        if left > 0:  # started late (or not yet): its time counts from its start
-            handle = loop.call_later(left, expire)
-            return
-        waiter.set_result(False)
-
-    def finished(_: asyncio.Future[Any]) -> None:
-        if not waiter.done():
-            waiter.set_result(True)
-
-    run.future.add_done_callback(finished)
-    handle = loop.call_later(timeout_s, expire)
-    try:
-        return await waiter
-    finally:
-        handle.cancel()
-        run.future.remove_done_callback(finished)
+def _overran(run: SyncRun) -> None:
+    ctx = run.ctx
+    if ctx is not None:
+        ctx.cancelled.set()
+        job_logger(ctx).error(
+            "job %s (%s): sync handler exceeded its timeout of %gs; a thread cannot be stopped, so this worker stops "
+            "fetching and exits to be restarted; the job stays leased to this run until its thread ends",
+            ctx.id, run.task, run.timeout_s)
+    if run.on_overrun is not None:
+        run.on_overrun()
 
 
 async def call_sync(runner: SyncRunner, task: Task, ctx: JobContext, args: tuple[Any, ...],
-                    kwargs: dict[str, Any], timeout_s: float, *, on_thread: Callable[[asyncio.Future[Any]], None],
+                    kwargs: dict[str, Any], timeout_s: float, *, on_thread: Callable[[SyncRun], None],
                     on_overrun: Callable[[], None]) -> Any:
-    """Run a sync handler on ``runner``'s threads; ``on_thread`` receives the future that is done when its
-    thread returns. The timeout counts from the moment the thread starts. Past it: ``ctx.cancelled`` is set,
-    ``on_overrun`` is called (the worker must be replaced), and this call still waits for the thread, then
+    """Run a sync handler on ``runner``'s threads; ``on_thread`` receives its ``SyncRun`` (``done()`` once its
+    thread has returned). The timeout counts from the moment the thread starts. Past it: ``ctx.cancelled`` is
+    set, ``on_overrun`` is called (the worker must be replaced), and this call still waits for the thread, then
     raises ``JobTimeout``. Cancelling this call never stops the thread: the caller decides what becomes of a
     job whose thread still runs."""
-    run = runner.submit(task.fn, (ctx, *args), kwargs)
-    on_thread(run.future)
-    if await _bounded(run, timeout_s):
-        return run.future.result()  # the handler's own return or error
-    ctx.cancelled.set()
-    job_logger(ctx).error(
-        "job %s (%s): sync handler exceeded its timeout of %gs; a thread cannot be stopped, so this worker stops "
-        "fetching and exits to be restarted; the job stays leased to this run until its thread ends",
-        ctx.id, task.name, timeout_s)
-    on_overrun()
-    await asyncio.wait([run.future])
-    raise JobTimeout(timeout_s)
+    run = runner.submit(task.fn, (ctx, *args), kwargs, timeout_s, ctx, task.name, on_overrun)
+    on_thread(run)
+    try:
+        value = await run.future  # the handler's own return or error
+    except asyncio.CancelledError:
+        raise
+    except BaseException:
+        if run.overran:
+            raise JobTimeout(timeout_s) from None
+        raise
+    if run.overran:
+        raise JobTimeout(timeout_s)
+    return value

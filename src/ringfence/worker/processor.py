@@ -15,7 +15,7 @@ import logging
 from ringfence.models import Fetched
 from ringfence.redis.connection import UNAVAILABLE
 from ringfence.worker.admit import Admission
-from ringfence.worker.calls import SyncRunner
+from ringfence.worker.calls import SyncRun, SyncRunner
 from ringfence.worker.fetcher import Fetcher
 from ringfence.worker.gates import Gates
 from ringfence.worker.heartbeat import Lease, Slot
@@ -50,7 +50,7 @@ class Processor:
         return self.settler.failed
 
     @property
-    def threads(self) -> set[asyncio.Future[object]]:
+    def threads(self) -> set[SyncRun]:
         return self.runner.threads
 
     # -- fetching -------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from ringfence import results
 from ringfence.errors import PayloadError
 from ringfence.tasks import JobContext, Task
 from ringfence.worker.admit import Admitted
-from ringfence.worker.calls import JobTimeout, SyncRunner, call_async, call_sync
+from ringfence.worker.calls import JobTimeout, SyncRun, SyncRunner, call_async, call_sync
 from ringfence.worker.observers import Observers
 from ringfence.worker.outcomes import Outcome, Verdict, classify
 from ringfence.worker.running import Running
@@ -34,7 +34,6 @@ class Runner:
         self.pool, self.clock, self.fencing, self.observers = pool, clock, fencing, observers
         self.leftover = leftover  # lost sync jobs whose thread still runs (the processor's table)
         self.on_restart_required = on_restart_required  # a sync job outlived its timeout (exit 75)
-        self.threads: set[asyncio.Future[Any]] = set()  # sync handlers still running in the pool
         self.shutting_down = False  # a cancelled job is then requeued, not an error
 
     async def run(self, r: Running, a: Admitted) -> Verdict:
@@ -72,19 +71,18 @@ class Runner:
                 return Verdict(Outcome.DEAD, results.BAD_RESULT, f"job {job.id}: {exc}")
         return ACK
 
+    @property
+    def threads(self) -> set[SyncRun]:
+        """Sync handlers whose thread has not returned (or that wait for one)."""
+        return self.pool.running
+
     async def _sync(self, r: Running, task: Task, ctx: JobContext, args: tuple[Any, ...], kwargs: dict[str, Any],
                     timeout_s: float) -> Any:
         earlier = self.leftover.get(ctx.id)
         if earlier is not None and earlier.thread is not None:
             # This job's previous run (its lease lost) still runs in this process: never two at once.
-            await asyncio.wait([earlier.thread])
-
-        def on_thread(future: asyncio.Future[Any]) -> None:
-            r.thread = future
-            self.threads.add(future)
-            future.add_done_callback(self.threads.discard)
-
-        return await call_sync(self.pool, task, ctx, args, kwargs, timeout_s, on_thread=on_thread,
+            await self.pool.wait_returned(earlier.thread)
+        return await call_sync(self.pool, task, ctx, args, kwargs, timeout_s, on_thread=r.on_thread,
                                on_overrun=self.on_restart_required)
 
     def _failed(self, task: Task, ctx: JobContext, exc: BaseException, tb: str) -> Verdict:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
 from ringfence.models import Fetched
 from ringfence.tasks import JobContext
+from ringfence.worker.calls import SyncRun
 
 
 @dataclass
@@ -18,6 +18,9 @@ class Running:
     lost: bool = False       # the lease went to another attempt: record nothing
     settled: bool = False    # an outcome was recorded (a sync handler's thread has returned by then)
     started: float = 0.0     # monotonic time the handler started (0: it never did)
-    thread: asyncio.Future[Any] | None = None  # a sync handler's run in the pool
+    thread: SyncRun | None = None  # a sync handler's call in the pool (``done()`` once its thread returned)
     abandoned: bool = False  # shutdown left its thread running: the lease lapses, nothing is recorded
     sweeping: bool = False   # settled, on its way to dead-letter: the heartbeat still renews its lease
+
+    def on_thread(self, run: SyncRun) -> None:
+        self.thread = run

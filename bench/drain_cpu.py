@@ -1,0 +1,149 @@
+"""Worker CPU per job of one ringfence worker process draining the peer job (``python -m bench.drain_cpu``).
+
+The peer bench's equal-terms body (``bench/peers/adapters/peerjob.py``: one pipelined round trip to a metrics
+database) run by one ``ringfence worker`` process with default settings, against a private redis-server. The
+worker starts and goes idle, is stopped (SIGSTOP), the jobs are bulk-enqueued, and it is let go (SIGCONT): CPU
+per job is the worker's user + system time over the drain divided by the jobs, the rate is taken from the first
+done job to the last. ``--src DIR`` runs another checkout's ``src`` (before/after comparisons, interleaved with
+``--rounds``)::
+
+    git archive <commit> src | tar -x -C /tmp/before
+    python -m bench.drain_cpu --jobs 5000 --rounds 3 --src /tmp/before/src --src src
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from ringfence.app import App
+from ringfence.redis.embedded import EmbeddedRedis, free_port
+from ringfence.tasks import JobContext
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ADAPTERS = os.path.join(ROOT, "bench", "peers", "adapters")
+APPS = {"sync": "peer_ringfence:sync_app", "async": "peer_ringfence:async_app",  # --handler → worker --app
+        "noop": "bench.drain_cpu:noop_app", "anoop": "bench.drain_cpu:anoop_app"}
+
+
+# No-op handlers under the peer job's name (the peer producer enqueues them): the cost of the pipeline alone.
+noop_app = App(os.environ.get("PEERS_BROKER_URL"))
+anoop_app = App(os.environ.get("PEERS_BROKER_URL"))
+
+
+@noop_app.task(name="peers.job", queue="peers")
+def noop(ctx: JobContext, sent: float = 0.0, sleep: float = 0.0) -> None:
+    pass
+
+
+@anoop_app.task(name="peers.job", queue="peers")
+async def anoop(ctx: JobContext, sent: float = 0.0, sleep: float = 0.0) -> None:
+    pass
+
+
+def _cpu(pid: int) -> tuple[float, float, int]:
+    """User and system CPU seconds of ``pid`` so far, and the context switches of all its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    switches = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            switches += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+    return int(fields[11]) / tick, int(fields[12]) / tick, switches
+
+
+def _profiler(profile: str, pid: int) -> subprocess.Popen[bytes]:
+    """py-spy (raw stacks of every thread, ``SPY_FLAGS`` added, e.g. ``--gil``), or ``perf record`` for a
+    file named ``*.perf``."""
+    if profile.endswith(".perf"):
+        cmd = ["perf", "record", "-o", profile, "-p", str(pid)]
+    else:
+        cmd = [os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--threads", "-r", "500", "-f",
+               "raw", "-o", profile, *os.environ.get("SPY_FLAGS", "").split(), "--nonblocking", "--pid", str(pid)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def drain(src: str, jobs: int, handler: str, url: str, log_dir: str, profile: str | None = None) -> dict[str, float]:
+    """One drain of ``jobs`` by a fresh worker running ``src``: jobs/s, and per job: worker CPU (µs, user and
+    system), context switches, script calls (fetch + ack)."""
+    broker = App(url).broker
+    broker.sync.flushall()  # the private server of this run
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, ADAPTERS, ROOT]), "PEERS_BROKER_URL": url,
+           "PEERS_METRICS_URL": url.replace("/0", "/15")}
+    with open(os.path.join(log_dir, "worker.log"), "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", APPS[handler],
+                                 "--queues", "peers"], env=env, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 60
+        while not broker.servers():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the worker did not start (log {log_dir}/worker.log)")
+            time.sleep(0.05)
+        time.sleep(1.0)  # past start-up: its first idle wait
+        os.kill(proc.pid, signal.SIGSTOP)
+        subprocess.run([sys.executable, "-c", f"import peer_ringfence as p; p.Producer().bulk({jobs})"], env=env,
+                       check=True)
+        calls0 = broker.sync.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+        user0, sys0, sw0 = _cpu(proc.pid)
+        os.kill(proc.pid, signal.SIGCONT)
+        spy = _profiler(profile, proc.pid) if profile else None
+        first: tuple[float, int] | None = None
+        while True:
+            done = int(broker.queue_counts("peers")["stats"].get("processed", 0))  # acked jobs
+            now = time.perf_counter()
+            first = first or ((now, done) if done else None)
+            if done >= jobs:
+                break
+            if proc.poll() is not None or time.monotonic() > deadline + 300:
+                raise SystemExit(f"the drain did not finish (log {log_dir}/worker.log)")
+            time.sleep(0.002)
+        user1, sys1, sw1 = _cpu(proc.pid)
+        calls1 = broker.sync.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
+        assert first is not None
+        return {"jobs_s": (done - first[1]) / max(now - first[0], 1e-9),
+                "cpu_us": (user1 - user0 + sys1 - sys0) / jobs * 1e6, "user_us": (user1 - user0) / jobs * 1e6,
+                "sys_us": (sys1 - sys0) / jobs * 1e6, "switches": (sw1 - sw0) / jobs,
+                "scripts": (calls1 - calls0) / jobs}
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.terminate()
+        proc.wait(30)
+        broker.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.drain_cpu", description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=5000)
+    ap.add_argument("--rounds", type=int, default=1, help="each --src once per round, in the order given")
+    ap.add_argument("--src", action="append", help="a checkout's src directory (default: this one's)")
+    ap.add_argument("--handler", choices=("sync", "async", "noop", "anoop"), default="sync",
+                    help="the peer body in a def or async def handler, or a no-op def or async def handler")
+    ap.add_argument("--profile", help="write a py-spy raw profile (or perf's, for *.perf) of each drain here")
+    args = ap.parse_args()
+    srcs = args.src or [os.path.join(ROOT, "src")]
+    with tempfile.TemporaryDirectory(prefix="rf-drain-cpu-") as tmp:
+        server = EmbeddedRedis(tmp, port=free_port()).start()
+        try:
+            for n in range(args.rounds):
+                for src in srcs:
+                    load = os.getloadavg()[0]
+                    r = drain(src, args.jobs, args.handler, server.url, tmp, args.profile)
+                    print(f"round {n + 1} {src}: {r['jobs_s']:,.0f} jobs/s, {r['cpu_us']:,.0f} µs CPU/job "
+                          f"(user {r['user_us']:,.0f}, sys {r['sys_us']:,.0f}), {r['switches']:.1f} switches/job, "
+                          f"{r['scripts']:.2f} script calls/job (load {load:.2f})", flush=True)
+        finally:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
