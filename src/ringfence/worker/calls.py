@@ -73,7 +73,7 @@ class SyncRunner:
 
     It starts ``first_threads`` threads and adds one, up to ``max_threads`` (one per slot), whenever a call has
     waited ``grow_after_s`` while no thread took any: slow handlers soon get a thread each, while short ones
-    are run by a few threads, which take the GIL from each other far less often than one per slot would
+    are run by a few threads, which take the GIL from each other less often than one per slot would
     (docs/benchmarks.md, "Third pass: the sync drain")."""
 
     def __init__(self, max_threads: int, name: str = "ringfence-job", *, first_threads: int = 2,
