@@ -19,6 +19,7 @@ statement and back (the bench's wire trace).
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
@@ -166,10 +167,14 @@ class Direct(_Kept):
         super().__init__(engine.dialect)
         self.engine = engine
         self._idle: deque[Conn] = deque()
+        self._pid = os.getpid()
+        self._inherited: list[Conn] = []  # a forked child's copies of the parent's: kept unused, never closed
 
     def run(self, fn: Callable[[Conn], T]) -> T:
         """``fn(conn)`` on a kept connection (a new one when none is idle); the connection is kept again unless
         it broke or ``fn`` was interrupted by something other than an error."""
+        if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours to use
+            self._forked()
         try:
             conn = self._idle.pop()
         except IndexError:
@@ -186,6 +191,12 @@ class Direct(_Kept):
             raise
         self._give(conn, True)  # its statements ran in autocommit: nothing is open
         return out
+
+    def _forked(self) -> None:
+        self._inherited.extend(self._idle)
+        self._idle = deque()
+        self.engine.dispose(close=False)  # SQLAlchemy's way after a fork: new connections, the parent's left alone
+        self._pid = os.getpid()
 
     def _give(self, conn: Conn, idle: bool) -> None:
         for tap in self.on_give:
