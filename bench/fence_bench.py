@@ -509,3 +509,45 @@ def fig_fence(bench: Bench, base_url: str) -> None:
             bench.worker_env = {}
             store.engine.dispose()
     r["fence_jobs"] = s.fence
+
+
+# -- CPU per fenced job, in-process ----------------------------------------------------------------------------
+def cpu_per_job(base_url: str, jobs: int, kinds: list[str]) -> dict[str, float]:
+    """ms of process CPU (``time.process_time``, threads included) per fenced job of each kind (sync, async,
+    sync_dedup, async_dedup), ``jobs`` run one after another in-process with the worker's fence wiring
+    (``ringfence.testing.TestFencing``) after 20 warm-up jobs, on a private database of ``base_url``'s server."""
+    from bench.ringfence_bench import build_app
+    from ringfence.fence import FenceStore
+    from ringfence.testing import TestFencing
+
+    names = {kind: fenced for kind, (fenced, _) in KINDS.items()}
+    names.update({kind: f"bench.{fn.__name__}" for kind, fn in DEDUP_KINDS.items()})
+    out: dict[str, float] = {}
+    with private_database(base_url) as url:
+        store = FenceStore(url)
+        store.create_all()
+        store.engine.dispose()
+        app = build_app(fence_url=url)
+        for kind, fn in DEDUP_KINDS.items():
+            app.task(name=names[kind], queue="bench")(fn)
+        fencing, run = TestFencing(app), f"cpu-{uuid.uuid4().hex[:8]}"
+        try:
+            for kind in kinds:
+                task = app.registry.get(names[kind])
+                _run_jobs(task, fencing, f"{run}-{kind}", range(-20, 0))
+                t0 = time.process_time()
+                _run_jobs(task, fencing, f"{run}-{kind}", range(jobs))
+                out[kind] = (time.process_time() - t0) * 1000 / jobs
+        finally:
+            app.fence_store.engine.dispose()
+            if app.fence_store._astore is not None:
+                _loop().run_until_complete(app.fence_store._astore.aclose())
+            app.close()
+    return out
+
+
+if __name__ == "__main__":  # python -m bench.fence_bench URL [JOBS] [KINDS]
+    args = sys.argv[1:] or [DEFAULT_FENCE_URL]
+    kinds = (args[2] if len(args) > 2 else "sync,async,sync_dedup,async_dedup").split(",")
+    cpu = cpu_per_job(args[0], int(args[1]) if len(args) > 1 else 500, kinds)
+    print(f"load {os.getloadavg()[0]:.2f}; " + "; ".join(f"{k}: {v:.3f} ms CPU/job" for k, v in cpu.items()))
