@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from ringfence.redis.call import Call, _str
-from ringfence.redis.keys import Keys, split_entry
+from ringfence.redis.keys import Keys, QueueKeys, split_entry
 
 if TYPE_CHECKING:
     import redis
@@ -47,10 +47,9 @@ class Admin:
         dead-letter with those fields instead of being deleted. Parses to the state it left ('' if none). An
         inline pending job is cancelled only given its ``inline_entry``."""
         k = self.keys.queue(queue)
-        entry = inline_entry
         return Call("cancel", [k.pending, k.scheduled, k.retry, k.active, k.lease, k.jobs, k.attempts, k.history,
                                k.dead, k.dead_jobs, k.stats],
-                    [job_id, self.clock(), orjson.dumps(dead_fields) if dead_fields else "", entry], _str)
+                    [job_id, self.clock(), orjson.dumps(dead_fields) if dead_fields else "", inline_entry], _str)
 
     def purge(self, queue: str, limit: int) -> Call[int]:
         """Delete up to ``limit`` pending jobs, oldest first."""
@@ -70,7 +69,7 @@ class Admin:
             return "pending"
         return self._job_state(k, job_id)  # an inline job fetched during the scan has its record now
 
-    def _job_state(self, k: Any, job_id: str) -> str | None:
+    def _job_state(self, k: QueueKeys, job_id: str) -> str | None:
         p = self.sync.pipeline(transaction=False)
         p.hexists(k.jobs, job_id)
         p.zscore(k.active, job_id)
