@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 import redis.sentinel
+from redis._parsers import _RESP2Parser
 
 from ringfence import App
 from ringfence.redis.connection import ConnectionSettings
@@ -83,3 +84,58 @@ def test_a_sentinel_cluster_or_custom_client_keeps_redis_py_s_path() -> None:
 
     assert not DirectCalls.usable(Custom())
     assert DirectCalls.usable(redis.Redis())
+
+
+def test_an_enqueue_after_a_redis_restart_reconnects_and_loads_the_script_again(server: EmbeddedRedis) -> None:
+    app = _app(f"redis://127.0.0.1:{server.port}/0")
+    first = app.enqueue("noop", n=1)
+    server.stop()
+    with pytest.raises(redis.ConnectionError):
+        app.enqueue("noop", n=2)  # refused: the error reaches the caller, nothing is queued
+    server.start()  # empty: no jobs, no scripts
+    second = app.enqueue("noop", n=3)
+    assert _pending(app) == [second.encode()]
+    assert second != first
+    app.close()
+
+
+def test_an_error_reply_keeps_the_connection_and_bad_arguments_are_refused_before_sending(
+        server: EmbeddedRedis) -> None:
+    direct = DirectCalls(redis.Redis(port=server.port))
+    assert direct.call("SET", "direct-k", "v") == b"OK"
+    with pytest.raises(redis.ResponseError):
+        direct.call("LPUSH", "direct-k", "x")  # WRONGTYPE
+    with pytest.raises(redis.DataError):
+        direct.call("SET", "direct-k", object())
+    assert direct.call("GET", "direct-k") == b"v"
+    assert len(direct._free) == 1  # one connection did all of it
+    direct.close()
+
+
+@pytest.mark.parametrize("options", [{"protocol": 2}, {"protocol": 3}, {"parser_class": _RESP2Parser}],
+                         ids=["resp2", "resp3", "no-hiredis"])
+def test_each_protocol_and_parser_gives_the_same_replies(server: EmbeddedRedis, options: dict[str, object]) -> None:
+    direct = DirectCalls(redis.Redis(connection_pool=redis.ConnectionPool(port=server.port, **options)))
+    assert direct.call("DEL", "direct-l") in (0, 1)
+    assert direct.call("RPUSH", "direct-l", "a", b"b", 3, 1.5) == 4
+    assert direct.call("LRANGE", "direct-l", 0, -1) == [b"a", b"b", b"3", b"1.5"]
+    assert direct.call("EVAL", "return {1, 'x', {2}}", 0) == [1, b"x", [2]]
+    big = b"x" * 200_000  # a reply larger than the read buffer
+    direct.call("SET", "direct-big", big)
+    assert direct.call("GET", "direct-big") == big
+    direct.close()
+
+
+def test_a_connection_idle_past_the_health_check_interval_is_pinged_first(server: EmbeddedRedis) -> None:
+    app = _app(f"redis://127.0.0.1:{server.port}/0", health_check_interval_s=0.2)
+    admin = redis.Redis(port=server.port)
+    app.enqueue("noop", n=1)
+    pings = admin.info("commandstats").get("cmdstat_ping", {}).get("calls", 0)
+    app.enqueue("noop", n=2)  # used again at once: no PING
+    assert admin.info("commandstats").get("cmdstat_ping", {}).get("calls", 0) == pings
+    time.sleep(0.3)
+    app.enqueue("noop", n=3)  # idle past the interval: redis-py PINGs it first
+    assert admin.info("commandstats").get("cmdstat_ping", {}).get("calls", 0) == pings + 1
+    assert len(_pending(app)) == 3
+    app.close()
+    admin.close()
