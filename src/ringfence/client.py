@@ -145,13 +145,19 @@ class Client:
         ids = [p.id for p in prepared]
         for idx, outcome in results:
             for i, got in zip(idx, outcome, strict=True):
-                if isinstance(got, str):  # a unique key held by a queued or running job
-                    if opts.raise_on_duplicate:
-                        raise DuplicateJob(f"unique key {prepared[i].unique_key!r} is held by job {got}", got)
-                    ids[i] = got
-                elif not got and opts.raise_on_duplicate:  # the id holds another job (not a retry of ours)
-                    raise DuplicateJob(f"job id {ids[i]!r} exists already with another payload or time", ids[i])
+                ids[i] = Client._id(prepared[i], got, opts)
         return ids
+
+    @staticmethod
+    def _id(prepared: Prepared, got: bool | str, opts: EnqueueOptions) -> str:
+        """The id an enqueue returns for one job, from the script's answer for it."""
+        if isinstance(got, str):  # a unique key held by a queued or running job
+            if opts.raise_on_duplicate:
+                raise DuplicateJob(f"unique key {prepared.unique_key!r} is held by job {got}", got)
+            return got
+        if not got and opts.raise_on_duplicate:  # the id holds another job (not a retry of ours)
+            raise DuplicateJob(f"job id {prepared.id!r} exists already with another payload or time", prepared.id)
+        return prepared.id
 
     def _new_queues(self, prepared: list[Prepared]) -> list[str]:
         """Queues not registered yet by this client (marked known by the caller once registered)."""
@@ -185,7 +191,7 @@ class Client:
             self.app.broker.register_queues([queue])
             self._known_queues.add(queue)
         got = self._run(self.app.broker.enqueue(queue, [prepared[1:]], self._inline(task, opts)), opts)
-        return self._ids([prepared], [([0], got)], opts)[0]
+        return self._id(prepared, got[0], opts)
 
     def enqueue_in(self, task: Task, conn: Any, payload: Any, opts: EnqueueOptions) -> str:
         """The job as an outbox row in ``conn``'s transaction (outbox/write.py)."""
