@@ -268,3 +268,20 @@ def test_the_kept_driver_connections_are_closed_with_the_store_engine(url_store:
     assert kept and all(not c.broken for c in kept)
     url_store.engine.dispose()
     assert not direct._idle and direct.engine.pool.checkedin() == 0
+
+
+def test_more_statements_at_once_than_a_pool_holds_never_wait(url_store: FenceStore, subject: str) -> None:
+    """The kept connections stay checked out of their engine: 20 statements at once (more than 5 + 10) each get a
+    connection at once, at most MAX_IDLE stay kept afterwards, and the store's reads still get theirs."""
+    from ringfence.fence.direct import MAX_IDLE
+
+    direct = url_store.direct
+    assert direct is not None
+
+    def nested(depth: int) -> int:
+        return direct.run(lambda conn: conn.execute(url_store.stmts.get, {"w_subject": subject, "w_step": "x"})
+                          and (depth if depth == 20 else nested(depth + 1)))
+
+    assert nested(1) == 20
+    assert len(direct._idle) == MAX_IDLE
+    assert url_store.list(subject=subject) == [] and url_store.get(subject, "x") is None

@@ -31,6 +31,9 @@ from sqlalchemy.exc import DBAPIError
 from .dbretry import _PG_GONE, _PG_GONE_TEXT
 
 T = TypeVar("T")
+# Connections kept idle at most. They stay checked out of their engine, so that engine has no overflow limit: a
+# statement never waits for a connection another one keeps idle (as many are open as statements ran at once).
+MAX_IDLE = 16
 Hook = Callable[[Any, str, dict[str, Any]], None]  # (driver connection, SQL, parameters)
 
 
@@ -205,6 +208,9 @@ class Direct(_Kept):
             conn.broken = True
             _discard(conn)
             return
+        if len(self._idle) >= MAX_IDLE:
+            _discard(conn)  # back to the engine's pool, which keeps a few and closes the rest
+            return
         self._idle.append(conn)
 
     def fail(self, conn: Conn, exc: Exception, sql: str, params: Any) -> BaseException:
@@ -291,9 +297,9 @@ class AsyncDirect(_Kept):
     def _give(self, conn: AConn, idle: bool) -> None:
         for tap in self.on_give:
             tap(conn.raw)
-        if conn.broken or not idle:
-            conn.broken = True
-            self._dead.append(conn)
+        if conn.broken or not idle or len(self._idle) >= MAX_IDLE:
+            conn.broken = conn.broken or not idle
+            self._dead.append(conn)  # closed at the next statement
             return
         self._idle.append(conn)
 

@@ -80,7 +80,8 @@ class FenceStore:
         if not self._pg and isinstance(engine_or_url, str) and "pymysql" in self.engine.dialect.driver:
             # PyMySQL would send `SET autocommit` each way on a shared pool: a small pool of its own, opened in
             # autocommit, for the fence's own single statements (statement alone instead of statement + COMMIT).
-            self.auto = make_engine(engine_or_url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10)
+            # No overflow limit: the kept driver connections below come from this pool and stay checked out.
+            self.auto = make_engine(engine_or_url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=-1)
             skip_idle_ends(self.auto)
             self._auto1 = True
             event.listen(self.engine, "engine_disposed", lambda _engine: self.auto.dispose())
@@ -90,7 +91,7 @@ class FenceStore:
         self.direct: Direct | None = None
         if isinstance(engine_or_url, str) and self.engine.dialect.driver in ("psycopg", "pymysql"):
             opener = self.auto if self.auto is not self.engine and not self._pg else make_engine(
-                engine_or_url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10)
+                engine_or_url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=-1)
             direct = self.direct = Direct(opener)
             direct.keep(vars(self.stmts).values())
             event.listen(self.engine, "engine_disposed", lambda _engine: direct.close())
