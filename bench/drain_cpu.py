@@ -2,13 +2,14 @@
 
 The peer bench's equal-terms body (``bench/peers/adapters/peerjob.py``: one pipelined round trip to a metrics
 database) run by one ``ringfence worker`` process with default settings, against a private redis-server. The
-worker starts and goes idle, is stopped (SIGSTOP), the jobs are bulk-enqueued, and it is let go (SIGCONT): CPU
-per job is the worker's user + system time over the drain divided by the jobs, the rate is taken from the first
-done job to the last. ``--src DIR`` runs another checkout's ``src`` (before/after comparisons, interleaved with
-``--rounds``)::
+worker starts and goes idle, is stopped (SIGSTOP), the jobs are bulk-enqueued, and it is let go (SIGCONT). Per
+job: the worker's user + system CPU over the drain, the context switches of its threads, the script calls Redis
+served (fetch + ack); the rate runs from the first acked job to the last. ``--handler`` picks the body in a
+``def`` or ``async def`` handler, or a no-op of either kind (the pipeline alone). ``--src DIR`` runs another
+checkout's ``src``; several alternate, round after round (docs/benchmarks.md, "Third pass: the sync drain")::
 
-    git archive <commit> src | tar -x -C /tmp/before
-    python -m bench.drain_cpu --jobs 5000 --rounds 3 --src /tmp/before/src --src src
+    mkdir -p /tmp/before && git archive <commit> src | tar -x -C /tmp/before
+    python -m bench.drain_cpu --jobs 6000 --rounds 4 --src /tmp/before/src --src src
 """
 
 from __future__ import annotations
