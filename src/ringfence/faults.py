@@ -69,10 +69,11 @@ def parse(spec: str | None) -> dict[str, float]:
 
 def fault_point(name: str) -> None:
     """Maybe crash here: run test hooks, then SIGKILL if ``RINGFENCE_FAULTS`` names this point."""
-    with _lock:
-        hooks = list(_hooks)
-    for hook in hooks:
-        hook(name)
+    if _hooks:  # tests only; a worker's fenced job passes six points
+        with _lock:
+            hooks = list(_hooks)
+        for hook in hooks:
+            hook(name)
     spec = os.environ.get(ENV)
     if not spec:  # the common case: one dict lookup and out
         return
