@@ -1,5 +1,6 @@
 """Settle, the happy path: acks are batched per queue and sent by one background flusher, so a busy worker
-sends one script call per queue and batch instead of one per job."""
+sends one script call per queue and batch instead of one per job. A batch is sent once it holds ``batch`` acks
+or its first ack has waited ``wait_s`` (a finished job's ack follows it by that much at most)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,22 @@ log = logging.getLogger("ringfence.worker")
 
 
 class Acks:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, batch: int = 1, wait_s: float = 0.002) -> None:
         self.broker = broker
+        self.batch, self.wait_s = batch, wait_s
         self._pending: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        self._count = 0  # acks pending, all queues
         self._ready = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
         self._flusher: asyncio.Task[None] | None = None
 
     def add(self, queue: str, job_id: str, token: str) -> None:
         self._pending[queue].append((job_id, token))
-        self._ready.set()
+        self._count += 1
+        if self._count >= self.batch:
+            self._ready.set()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.wait_s, self._ready.set)
 
     def start(self) -> None:
         self._flusher = asyncio.create_task(self._loop(), name="acker")
@@ -48,7 +56,10 @@ class Acks:
                 self._ready.set()
 
     async def flush(self) -> None:
-        pending, self._pending = self._pending, defaultdict(list)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pending, self._pending, self._count = self._pending, defaultdict(list), 0
         for queue in list(pending):
             pairs = pending[queue]
             try:
@@ -56,6 +67,7 @@ class Acks:
             except BaseException:
                 for q, left in pending.items():  # keep what was not acked for the next flush
                     self._pending[q].extend(left)
+                    self._count += len(left)
                 raise
             del pending[queue]
             if lost:

@@ -87,13 +87,20 @@ class SyncRunner:
         self._threads: list[threading.Thread] = []
         self._done: collections.deque[SyncRun] = collections.deque()
         self._lock = threading.Lock()
-        self._wake_pending = False
+        self._wake_pending = False  # the loop is told, or about to be, that calls finished
+        self._deferred = False  # a finished call did not tell the loop: ``_poll`` will find it
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self._watchdog_at = 0.0
         self._waiting: collections.deque[SyncRun] = collections.deque()  # queued while every thread was busy
         self._grower: asyncio.TimerHandle | None = None
         self._last_start = 0.0  # time.monotonic() when a thread last took a call
+        # A thread that finishes a call while others wait in the queue wakes the loop only once ``wake_batch``
+        # are done; ``_poll`` settles the rest within ``poll_s``: one loop wake-up for several jobs, so the
+        # loop and the job threads take the GIL from each other less often (docs/benchmarks.md, "Fourth pass").
+        self.wake_batch = max(1, max_threads // 2)
+        self.poll_s = 0.002
+        self._poller: asyncio.TimerHandle | None = None
         self._closed = False
 
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout_s: float = 0.0,
@@ -114,6 +121,7 @@ class SyncRunner:
                     self._grower = loop.call_later(self.grow_after_s, self._grow)
         if timeout_s:
             self._arm(now + timeout_s)  # its earliest deadline: it has not started yet
+        self._poll_later()
         return run
 
     def _start_thread(self) -> None:
@@ -152,14 +160,22 @@ class SyncRunner:
             run.fn = run.args = run.kwargs = None  # type: ignore[assignment]  # free the payload early
             done.append(run)
             with self._lock:
-                wake, self._wake_pending = not self._wake_pending, True
-            if wake and self._loop is not None:
+                if self._wake_pending:
+                    continue
+                if len(done) < self.wake_batch and not calls.empty():
+                    self._deferred = True  # more calls wait for a thread: the poller settles this one
+                    continue
+                self._wake_pending = True
+            if self._loop is not None:
                 with contextlib.suppress(RuntimeError):  # the loop closed: the process is exiting
                     self._loop.call_soon_threadsafe(self._settle)
 
     def _settle(self) -> None:
         with self._lock:
-            self._wake_pending = False
+            self._wake_pending = self._deferred = False
+        if self._poller is not None:
+            self._poller.cancel()
+            self._poller = None
         done, running = self._done, self.running
         while done:
             run = done.popleft()
@@ -174,6 +190,24 @@ class SyncRunner:
             for waiter in run.waiters or ():
                 if not waiter.done():
                     waiter.set_result(None)
+        self._poll_later()
+
+    def _poll_later(self) -> None:
+        """Look again in ``poll_s`` while a finished call may be deferred: only while calls are queued can one be
+        (both read under the lock the threads decide under), and a new call re-arms this."""
+        with self._lock:
+            maybe = self._deferred or not self._calls.empty()
+        if maybe and self._poller is None and self._loop is not None:
+            self._poller = self._loop.call_later(self.poll_s, self._poll)
+
+    def _poll(self) -> None:
+        self._poller = None
+        with self._lock:
+            deferred = self._deferred
+        if deferred or self._done:
+            self._settle()
+        else:
+            self._poll_later()
 
     async def wait_returned(self, run: SyncRun) -> None:
         """Wait until ``run``'s thread has returned (whether or not anyone still waits for its outcome)."""
@@ -217,7 +251,7 @@ class SyncRunner:
         if self._closed:
             return
         self._closed = True
-        for timer in (self._watchdog, self._grower):
+        for timer in (self._watchdog, self._grower, self._poller):
             if timer is not None:
                 timer.cancel()
         while True:

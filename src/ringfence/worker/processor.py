@@ -27,6 +27,10 @@ from ringfence.worker.settle import Settler, job_log
 
 log = logging.getLogger("ringfence.worker")
 
+# A busy worker fetches once half its slots are free, or once a free slot has waited this long: one script
+# call for several jobs instead of one per finished job, for at most this much delay in filling a slot.
+REFILL_WAIT_S = 0.002
+
 
 class Processor:
     def __init__(self, concurrency: int, fetcher: Fetcher, admission: Admission, gates: Gates, runner: Runner,
@@ -39,7 +43,9 @@ class Processor:
         self.stopping = fetcher.stopping
         self.running: dict[str, Running] = {}
         self.leftover = runner.leftover  # lost sync jobs whose thread still runs: they keep their slot
-        self._slot = asyncio.Event()
+        self._slot = asyncio.Event()  # set once ``_want`` slots are free
+        self._want = 1
+        self._refill = max(1, concurrency // 2)
 
     @property
     def processed(self) -> int:
@@ -60,11 +66,11 @@ class Processor:
         backoff = 0.1
         while not self.stopping.is_set():
             try:
-                free = self.concurrency - len(self.running) - len(self.leftover)
-                if free <= 0:
-                    self._slot.clear()
-                    await self.fetcher.until(self._slot.wait())
-                else:
+                free = self._free()
+                if free <= 0 or (free < self._refill and self.running):
+                    await self._wait_slots(free)
+                    free = self._free()
+                if free > 0:
                     await self.fetcher.cycle(free, self._start)
                 backoff = 0.1
             except Exception as exc:
@@ -77,6 +83,24 @@ class Processor:
                 await self.fetcher.until(asyncio.sleep(backoff))
                 backoff = min(backoff * 2, 5.0)
                 await self.fetcher.waker.restart()
+
+    def _free(self) -> int:
+        return self.concurrency - len(self.running) - len(self.leftover)
+
+    async def _wait_slots(self, free: int) -> None:
+        """Wait for a slot to free; with one free already, for ``_refill`` of them or ``REFILL_WAIT_S``."""
+        self._slot.clear()
+        if free <= 0:
+            self._want = 1
+            await self.fetcher.until(self._slot.wait())
+            return
+        self._want = self._refill
+        timer = asyncio.get_running_loop().call_later(REFILL_WAIT_S, self._slot.set)
+        try:
+            await self.fetcher.until(self._slot.wait())
+        finally:
+            timer.cancel()
+            self._want = 1
 
     def _start(self, job: Fetched) -> None:
         r = Running(job)
@@ -96,7 +120,8 @@ class Processor:
             for table in (self.running, self.leftover):
                 if table.get(r.job.id) is r:
                     del table[r.job.id]
-            self._slot.set()
+            if self._free() >= self._want:
+                self._slot.set()
 
     async def _verdict(self, r: Running) -> Verdict:
         admitted = await self.admission.admit(r.job)

@@ -102,12 +102,13 @@ class Worker:
         watchers += [DeadHooksObserver(app.dead_hooks), UnreadableAlerts(rt.notifier, s.grace_s)]
         observers = Observers(watchers)
         pool = SyncRunner(self.concurrency)
+        acks = Acks(broker, batch=max(1, self.concurrency // 2))  # the processor's refill batch
         fetcher = Fetcher(broker, self.server_id, self.queues, strict=self.strict, lease_s=s.lease_s,
                           idle_s=s.heartbeat_s, max_wait=max_wait, stopping=asyncio.Event())
         return Processor(
             self.concurrency, fetcher, Admission(app.registry, broker.clock, s, fencing, observers), gates,
             Runner(pool, broker.clock, fencing, observers, {}, self._restart_required),
-            Settler(broker, self.server_id, Acks(broker), fencing, observers, app.registry,
+            Settler(broker, self.server_id, acks, fencing, observers, app.registry,
                     durable=bool(rt.fence_url)),
             observers, pool)
 
