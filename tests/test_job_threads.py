@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ringfence.tasks import JobContext
-from ringfence.worker.calls import JobTimeout, SyncRun, SyncRunner, call_sync
+from ringfence.worker.calls import AsyncBounds, JobTimeout, SyncRun, SyncRunner, call_async, call_sync
 from ringfence.worker.worker import run_loop
 
 
@@ -98,3 +98,38 @@ def test_the_worker_loop_is_uvloop_unless_asked_for_asyncio(monkeypatch: pytest.
     with pytest.raises(Exception, match="RINGFENCE_EVENT_LOOP='trio' must be 'uvloop' or 'asyncio'"):
         run_loop(coro)
     coro.close()
+
+
+async def test_async_time_bounds_share_one_timer_and_keep_other_cancellations_and_errors(make_app) -> None:
+    app = make_app()
+
+    @app.task
+    async def nap(ctx: Any, seconds: float, swallow: bool = False) -> str:
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            if not swallow:
+                raise
+            return "swallowed"
+        return "done"
+
+    @app.task
+    async def own_timeout(ctx: Any) -> None:
+        raise TimeoutError("the handler's own")
+
+    bounds = AsyncBounds()
+    short = asyncio.create_task(call_async(nap, _ctx(0.1), (), {"seconds": 5}, 0.1, bounds))
+    long = asyncio.create_task(call_async(nap, _ctx(2), (), {"seconds": 0.3}, 2, bounds))
+    swallowed = asyncio.create_task(call_async(nap, _ctx(0.1), (), {"seconds": 5, "swallow": True}, 0.1, bounds))
+    outside = asyncio.create_task(call_async(nap, _ctx(2), (), {"seconds": 5}, 2, bounds))
+    await asyncio.sleep(0.05)
+    outside.cancel()  # shutdown or a lost lease: not a timeout
+    with pytest.raises(JobTimeout):
+        await short
+    assert await long == "done" and await swallowed == "swallowed"
+    assert swallowed.cancelling() == 0
+    with pytest.raises(asyncio.CancelledError):
+        await outside
+    with pytest.raises(TimeoutError, match="own"):
+        await call_async(own_timeout, _ctx(1), (), {}, 1, bounds)
+    assert not bounds.calls

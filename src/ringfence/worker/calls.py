@@ -26,16 +26,73 @@ class JobTimeout(Exception):
         super().__init__(f"timed out after {timeout_s:g}s")
 
 
+class AsyncBound:
+    """One async call's time bound: the job's Task is cancelled past ``deadline`` (loop time)."""
+
+    __slots__ = ("cancelling", "deadline", "expired", "task")
+
+    def __init__(self, task: asyncio.Task[Any], deadline: float) -> None:
+        self.task, self.deadline = task, deadline
+        self.cancelling = task.cancelling()  # cancellations already asked for: not ours
+        self.expired = False
+
+
+class AsyncBounds:
+    """The time bounds of every async call, kept by one timer armed for the earliest deadline (as
+    ``asyncio.timeout`` per job would be: a timer handle, a reschedule and a context manager per job)."""
+
+    def __init__(self) -> None:
+        self.calls: set[AsyncBound] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = 0.0
+
+    def enter(self, timeout_s: float) -> AsyncBound:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = task.get_loop()
+        bound = AsyncBound(task, loop.time() + timeout_s)
+        self.calls.add(bound)
+        if self._timer is None or bound.deadline < self._at:
+            self._arm(loop, bound.deadline)
+        return bound
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._at = at
+        self._timer = loop.call_at(at, self._watch, loop)
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        now = loop.time()
+        earliest: float | None = None
+        for bound in list(self.calls):
+            if bound.deadline <= now:
+                self.calls.discard(bound)  # its call is suspended at an await: it ends as timed out
+                bound.expired = True
+                bound.task.cancel()
+            elif earliest is None or bound.deadline < earliest:
+                earliest = bound.deadline
+        if earliest is not None:
+            self._arm(loop, earliest)
+
+
 async def call_async(task: Task, ctx: JobContext, args: tuple[Any, ...], kwargs: dict[str, Any],
-                     timeout_s: float) -> Any:
-    """The handler's return value."""
+                     timeout_s: float, bounds: AsyncBounds) -> Any:
+    """The handler's return value. Past ``timeout_s`` its Task is cancelled and this raises ``JobTimeout``
+    (a cancellation from elsewhere, shutdown or a lost lease, stays a ``CancelledError``)."""
+    bound = bounds.enter(timeout_s)
     try:
-        async with asyncio.timeout(timeout_s) as bound:  # no extra Task per job, unlike wait_for
-            return await task.fn(ctx, *args, **kwargs)
-    except TimeoutError:
-        if bound.expired():
+        value = await task.fn(ctx, *args, **kwargs)
+    except asyncio.CancelledError:
+        if bound.expired and bound.task.uncancel() <= bound.cancelling:
             raise JobTimeout(timeout_s) from None
         raise
+    finally:
+        bounds.calls.discard(bound)
+    if bound.expired:  # the handler swallowed our cancellation and returned
+        bound.task.uncancel()
+    return value
 
 
 class SyncRun:

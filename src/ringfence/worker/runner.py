@@ -17,7 +17,7 @@ from ringfence import results
 from ringfence.errors import PayloadError
 from ringfence.tasks import JobContext, Task
 from ringfence.worker.admit import Admitted
-from ringfence.worker.calls import JobTimeout, SyncRun, SyncRunner, call_async, call_sync
+from ringfence.worker.calls import AsyncBounds, JobTimeout, SyncRun, SyncRunner, call_async, call_sync
 from ringfence.worker.observers import Observers
 from ringfence.worker.outcomes import Outcome, Verdict, classify
 from ringfence.worker.running import Running
@@ -35,6 +35,7 @@ class Runner:
         self.leftover = leftover  # lost sync jobs whose thread still runs (the processor's table)
         self.on_restart_required = on_restart_required  # a sync job outlived its timeout (exit 75)
         self.shutting_down = False  # a cancelled job is then requeued, not an error
+        self.bounds = AsyncBounds()  # async handlers' time bounds: one timer for all
 
     async def run(self, r: Running, a: Admitted) -> Verdict:
         job, task, spec = r.job, a.task, a.spec
@@ -49,7 +50,7 @@ class Runner:
         )
         try:
             if task.is_async:
-                value = await call_async(task, ctx, a.args, a.kwargs, timeout_s)
+                value = await call_async(task, ctx, a.args, a.kwargs, timeout_s, self.bounds)
             else:
                 value = await self._sync(r, task, ctx, a.args, a.kwargs, timeout_s)
         except asyncio.CancelledError:
