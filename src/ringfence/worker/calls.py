@@ -152,10 +152,12 @@ class SyncRunner:
         self._waiting: collections.deque[SyncRun] = collections.deque()  # queued while every thread was busy
         self._grower: asyncio.TimerHandle | None = None
         self._last_start = 0.0  # time.monotonic() when a thread last took a call
-        # A thread that finishes a call while others wait in the queue wakes the loop only once ``wake_batch``
-        # are done; ``_poll`` settles the rest within ``poll_s``: one loop wake-up for several jobs, so the
-        # loop and the job threads take the GIL from each other less often (docs/benchmarks.md, "Fourth pass").
-        self.wake_batch = max(1, max_threads // 2)
+        # A thread that finishes a call while others wait in the queue does not wake the loop (unless
+        # ``wake_batch`` are done): it runs the next one, and the loop hears of both when the queue runs dry or
+        # ``_poll`` looks, within ``poll_s``. One loop wake-up for several jobs: the loop and the job threads take
+        # the GIL from each other less often (docs/benchmarks.md, "Fourth pass: the drain"; half the slots as
+        # the batch cost 10 % more CPU per peer job than this).
+        self.wake_batch = max_threads
         self.poll_s = 0.002
         self._poller: asyncio.TimerHandle | None = None
         self._closed = False
