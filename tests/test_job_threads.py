@@ -133,3 +133,21 @@ async def test_async_time_bounds_share_one_timer_and_keep_other_cancellations_an
     with pytest.raises(TimeoutError, match="own"):
         await call_async(own_timeout, _ctx(1), (), {}, 1, bounds)
     assert not bounds.calls
+
+
+async def test_a_call_finished_while_others_wait_is_settled_by_the_poller_not_held_behind_a_slow_one() -> None:
+    runner = SyncRunner(4, first_threads=1, grow_after_s=60)  # one thread (a batch of four would wake the loop)
+    def slow() -> str:
+        time.sleep(1.0)
+        return "slow"
+
+    gate = threading.Event()
+    first = runner.submit(gate.wait, (), {})
+    fast = runner.submit(lambda: "fast", (), {})
+    held = runner.submit(slow, (), {})
+    gate.set()  # the thread finishes two calls while others wait: it wakes the loop for neither
+    t0 = time.monotonic()
+    assert await asyncio.wait_for(fast.future, 0.5) == "fast" and first.done()
+    assert not held.done() and time.monotonic() - t0 < 0.5
+    assert await held.future == "slow"
+    runner.close()
