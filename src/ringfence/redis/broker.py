@@ -56,6 +56,11 @@ def _fetched(raw: Any) -> list[tuple[str, bytes, int]]:
     return [(_str(raw[i]), raw[i + 1], int(raw[i + 2])) for i in range(0, len(raw), 3)]
 
 
+def _shown(script_name: str) -> str:
+    """The operation a script does, for messages: enqueue_ready.lua is an enqueue too."""
+    return "enqueue" if script_name == "enqueue_ready" else script_name
+
+
 def _compiles(probe: Callable[[], Any]) -> bool:
     try:
         probe()
@@ -172,7 +177,7 @@ class Broker(Reads, Admin):
                 raw = (direct.call("EVALSHA", sha, len(call.keys), *call.keys, *call.args) if direct is not None
                        else self.sync.evalsha(sha, len(call.keys), *call.keys, *call.args))
         except OutOfMemoryError as exc:
-            raise full_error(call.name, self._node_memory(call.keys[0] if call.keys else "")) from exc
+            raise full_error(_shown(call.name), self._node_memory(call.keys[0] if call.keys else "")) from exc
         except UNAVAILABLE as exc:
             if report:
                 self.health.lost(exc)
@@ -192,7 +197,7 @@ class Broker(Reads, Admin):
                 await self.aio.script_load(source)
                 raw = await self.aio.evalsha(sha, len(call.keys), *call.keys, *call.args)
         except OutOfMemoryError as exc:
-            raise full_error(call.name, await self._anode_memory(call.keys[0] if call.keys else "")) from exc
+            raise full_error(_shown(call.name), await self._anode_memory(call.keys[0] if call.keys else "")) from exc
         except UNAVAILABLE as exc:
             await self._unavailable(exc)
             raise
@@ -220,6 +225,11 @@ class Broker(Reads, Admin):
         caller generated the ids and waits on no result, so the jobs ready now without a unique key and with a
         spec of at most ``INLINE_MAX_BYTES`` are stored in the pending list itself (keys.py)."""
         k = self.keys.queue(queue)
+        jobs = list(jobs)
+        if inline and all(j[2] == 0 and len(j[1]) <= INLINE_MAX_BYTES and (len(j) == 3 or j[3] == "") for j in jobs):
+            # The common case: every job goes inline into pending, in three Redis calls (enqueue_ready.lua)
+            return Call("enqueue_ready", [k.pending, k.idle, k.stats],
+                        [k.wake, self.clock(), *[j[0].encode() + j[1] for j in jobs]], _enqueued)
         args: list[Any] = [self.clock(), k.wake, INLINE_MAX_BYTES if inline else 0]
         for job in jobs:
             args += [*job, "", 0] if len(job) == 3 else list(job)
