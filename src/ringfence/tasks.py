@@ -194,6 +194,8 @@ NO_OPTIONS = EnqueueOptions()  # frozen: one instance for every plain enqueue (i
 
 def enqueue_options(**options: Any) -> EnqueueOptions:
     """EnqueueOptions, refusing an unknown option by name."""
+    if not options:
+        return NO_OPTIONS  # app.enqueue(...): the plain enqueue's path (client.py)
     known = set(EnqueueOptions.__dataclass_fields__)
     unknown = sorted(set(options) - known)
     if unknown:

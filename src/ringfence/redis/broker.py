@@ -31,6 +31,7 @@ from ringfence.redis.connection import (
 from ringfence.redis.direct import DirectCalls
 from ringfence.redis.keys import INLINE_MAX_BYTES, Keys
 from ringfence.redis.reads import Reads
+from ringfence.redis.ready import ReadyEnqueue
 from ringfence.redis.scripts import PROBE, script
 
 T = TypeVar("T")
@@ -161,14 +162,23 @@ class Broker(Reads, Admin):
             self._shebang = _compiles(lambda: self.sync.eval(PROBE, 0))
         return self._shebang
 
+    def direct(self) -> DirectCalls | None:
+        """The sync client's kept connections (direct.py); None when it is not a plain client."""
+        if not self._direct_checked:
+            self._direct = DirectCalls(self.sync) if DirectCalls.usable(self.sync) else None
+            self._direct_checked = True
+        return self._direct
+
+    def ready_enqueue(self, queue: str) -> ReadyEnqueue | None:
+        """``enqueue`` + ``run`` of one job ready now, generated id, no unique key and an inline-sized spec, packed
+        ahead (ready.py); None on a client that is not plain (Cluster, Sentinel, a custom one)."""
+        return ReadyEnqueue(self, self.keys.queue(queue), self.supports_flags()) if self.direct() is not None else None
+
     def run(self, call: Call[T], report: bool = True) -> T:
         """Run ``call``; ``report=False``: an unreachable Redis is left to the caller to report (no log line)."""
         try:
             source, sha = script(call.name).for_server(self.supports_flags(), self.cluster)
-            if not self._direct_checked:
-                self._direct = DirectCalls(self.sync) if DirectCalls.usable(self.sync) else None
-                self._direct_checked = True
-            direct = self._direct
+            direct = self._direct if self._direct_checked else self.direct()
             try:
                 raw = (direct.call("EVALSHA", sha, len(call.keys), *call.keys, *call.args) if direct is not None
                        else self.sync.evalsha(sha, len(call.keys), *call.keys, *call.args))

@@ -23,13 +23,15 @@ from redis._parsers.hiredis import NOT_ENOUGH_DATA, _HiredisParser
 
 _CLOSED = "Connection closed by server."
 _PUSH = getattr(hiredis, "PushNotification", None)  # hiredis >= 3.2 marks RESP3 push messages
+_forks = [0]  # forks of this process so far, counted in the child (cheaper than a getpid system call per call)
+os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
 
 
 class DirectCalls:
     def __init__(self, client: redis.Redis) -> None:
         self.pool = client.connection_pool
         self._free: list[Any] = []
-        self._pid = os.getpid()
+        self._forks = _forks[0]
 
     @staticmethod
     def usable(client: Any) -> bool:
@@ -39,18 +41,21 @@ class DirectCalls:
                 and type(client.connection_pool) in (redis.ConnectionPool, redis.BlockingConnectionPool))
 
     def call(self, *args: Any) -> Any:
-        if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours to use
-            self._free, self._pid = [], os.getpid()
+        try:
+            packed = hiredis.pack_command(args)  # the bytes redis-py's own packer sends
+        except TypeError as exc:
+            raise redis.DataError(exc) from None
+        return self.send(packed)
+
+    def send(self, packed: bytes) -> Any:
+        """The reply to one command already packed (RESP), with the retry rules above."""
+        if self._forks != _forks[0]:  # a forked child: the parent's sockets are not ours to use
+            self._free, self._forks = [], _forks[0]
         free = self._free
         try:
             conn = free.pop()  # atomic under the GIL: each thread gets its own connection
         except IndexError:
             conn = self.pool.make_connection()
-        try:
-            packed = hiredis.pack_command(args)  # the bytes redis-py's own packer sends
-        except TypeError as exc:
-            free.append(conn)
-            raise redis.DataError(exc) from None
         try:
             for attempt in (0, 1):
                 try:

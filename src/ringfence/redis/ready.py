@@ -1,0 +1,61 @@
+"""``task.enqueue``'s common case on the sync client: one job, ready now, with a generated id, no unique key and
+an inline-sized spec, sent as ``enqueue_ready.lua`` with its command bytes packed ahead.
+
+``Broker.enqueue`` + ``Broker.run`` do the same for any batch; per call they build the arguments and a ``Call``,
+look the script up and pack ~10 arguments. Here only the time and the job are packed per call (the command's
+head, with the script's SHA and the queue's key names, is built once per queue), on the broker's kept
+connections (``direct.py``, whose retry rules apply). Errors are those of ``Broker.run``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import hiredis
+import redis
+from redis.exceptions import NoScriptError, OutOfMemoryError
+
+from ringfence.redis.connection import UNAVAILABLE, Health, full_error
+from ringfence.redis.direct import DirectCalls
+from ringfence.redis.keys import QueueKeys
+from ringfence.redis.scripts import script
+
+
+class Owner(Protocol):
+    """What of its broker a ``ReadyEnqueue`` uses (broker.py imports this module, not the other way round)."""
+
+    @property
+    def sync(self) -> redis.Redis: ...
+    @property
+    def health(self) -> Health: ...
+    def memory_infos(self) -> list[dict[str, Any]]: ...
+
+
+class ReadyEnqueue:
+    """``send(direct, job_id, spec, now_ms)`` queues one job inline in a queue's pending list
+    (``Broker.ready_enqueue``)."""
+
+    def __init__(self, broker: Owner, k: QueueKeys, shebang: bool) -> None:
+        self.broker = broker
+        self.source, sha = script("enqueue_ready").for_server(shebang)
+        # '*9' (EVALSHA, sha, numkeys, 3 keys, the wake channel, now, the job), then the first 7 arguments
+        head = ("EVALSHA", sha, 3, k.pending, k.idle, k.stats, k.wake)
+        self._head = b"*9" + hiredis.pack_command(head)[2:]  # type: ignore[arg-type]  # its stub: a 1-tuple
+
+    def send(self, direct: DirectCalls, job_id: str, spec: bytes, now_ms: int) -> None:
+        now = b"%d" % now_ms
+        entry = job_id.encode() + spec
+        packed = b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n" % (self._head, len(now), now, len(entry), entry)
+        broker = self.broker
+        try:
+            try:
+                direct.send(packed)
+            except NoScriptError:
+                broker.sync.script_load(self.source)
+                direct.send(packed)
+        except OutOfMemoryError as exc:
+            raise full_error("enqueue", broker.memory_infos()[0]) from exc  # a plain client: one node
+        except UNAVAILABLE as exc:
+            broker.health.lost(exc)
+            raise
+        broker.health.ok()
