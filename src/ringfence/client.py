@@ -216,22 +216,23 @@ class Client:
         return ready
 
     def _enqueue_ready(self, task: Task, payload: Any, ready: ReadyEnqueue) -> str:
-        """``enqueue`` with no options, as ``prepare`` + ``Broker.enqueue`` + ``Broker.run`` would do it for a
-        job that goes inline, with less Python per call: a producer's rate is bound by its CPU per call."""
-        broker = self.app.broker
-        direct = broker.direct()
+        """``enqueue`` with no options, as ``prepare`` + ``Broker.enqueue`` + ``Broker.run`` do it for a job that
+        goes inline, in less Python: a sequential producer's rate is bound by its CPU per call."""
         args = task.codec.encode(payload)
-        now = broker.precise_ms()
+        now = ready.clock_ms()
+        name, version = task.options.name, task.codec.version
         try:  # JobSpec.encode's bytes for a spec without options
-            spec = orjson.dumps({"t": task.name, "v": task.version, "e": now, "a": args})
+            spec = orjson.dumps({"t": name, "v": version, "e": now, "a": args})
         except TypeError:
-            spec = JobSpec(task=task.name, args=args, enqueued_ms=now, version=task.version).encode()  # raises
-        self._check_size(task, spec)
+            spec = JobSpec(task=name, args=args, enqueued_ms=now, version=version).encode()  # raises PayloadError
+        cap = self.app.max_payload_bytes
+        if cap is not None and len(spec) > cap:
+            self._check_size(task, spec)
         job_id = new_job_id()
-        if direct is None or len(spec) > INLINE_MAX_BYTES:
-            got = self._run(broker.enqueue(task.options.queue, [(job_id, spec, 0)], True), NO_OPTIONS)
-            return self._id(Prepared(task.options.queue, job_id, spec, 0, "", 0), got[0], NO_OPTIONS)
-        ready.send(direct, job_id, spec, int(now))
+        if len(spec) > INLINE_MAX_BYTES or not ready.send(job_id, spec, int(now)):
+            queue = task.options.queue
+            got = self._run(self.app.broker.enqueue(queue, [(job_id, spec, 0)], True), NO_OPTIONS)
+            return self._id(Prepared(queue, job_id, spec, 0, "", 0), got[0], NO_OPTIONS)
         return job_id
 
     def enqueue_in(self, task: Task, conn: Any, payload: Any, opts: EnqueueOptions) -> str:

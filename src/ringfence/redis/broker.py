@@ -103,7 +103,9 @@ class Broker(Reads, Admin):
 
     def precise_ms(self) -> float:
         """Now in ms with µs precision (the injected clock as is, when one was given)."""
-        return float(self.clock()) if self._simulated else round(self.server_clock.precise(), 3)
+        if self._simulated:
+            return float(self.clock())
+        return int(self.server_clock.precise() * 1000 + 0.5) / 1000  # round(x, 3) in a fifth of its time
 
     # -- clients -------------------------------------------------------------------------------
     @property

@@ -23,6 +23,7 @@ from redis._parsers.hiredis import NOT_ENOUGH_DATA, _HiredisParser
 
 _CLOSED = "Connection closed by server."
 _PUSH = getattr(hiredis, "PushNotification", None)  # hiredis >= 3.2 marks RESP3 push messages
+_ERRORS = (redis.ResponseError, redis.ConnectionError)  # replies that hiredis hands back as exceptions
 _forks = [0]  # forks of this process so far, counted in the child (cheaper than a getpid system call per call)
 os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
 
@@ -77,7 +78,8 @@ class DirectCalls:
         sock = conn._sock
         interval = conn.health_check_interval
         parser = conn._parser
-        if (sock is None or (interval and time.monotonic() > conn.next_health_check)
+        now = time.monotonic() if interval else 0.0
+        if (sock is None or (interval and now > conn.next_health_check)
                 or type(parser) is not _HiredisParser or (_PUSH is None and conn.protocol not in (2, "2"))):
             # Not connected, idle past the health-check interval, no hiredis, or RESP3 with a hiredis that cannot
             # tell a push message from a reply: redis-py's own send and read (they connect, PING, handle pushes).
@@ -101,8 +103,8 @@ class DirectCalls:
             parser.handle_push_response(reply)  # type: ignore[no-untyped-call]
             return conn.read_response()  # the reply itself, read by redis-py
         if interval:
-            conn.next_health_check = time.monotonic() + interval
-        if isinstance(reply, redis.ResponseError | redis.ConnectionError):
+            conn.next_health_check = now + interval  # the time the call started: a round trip earlier at most
+        if isinstance(reply, _ERRORS):
             raise reply
         return reply
 

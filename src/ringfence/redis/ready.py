@@ -29,24 +29,32 @@ class Owner(Protocol):
     @property
     def health(self) -> Health: ...
     def memory_infos(self) -> list[dict[str, Any]]: ...
+    def direct(self) -> DirectCalls | None: ...
+    def precise_ms(self) -> float: ...
 
 
 class ReadyEnqueue:
-    """``send(direct, job_id, spec, now_ms)`` queues one job inline in a queue's pending list
-    (``Broker.ready_enqueue``)."""
+    """``send(job_id, spec, now_ms)`` queues one job inline in a queue's pending list (``Broker.ready_enqueue``);
+    ``clock_ms()`` is the broker's ``precise_ms``."""
 
     def __init__(self, broker: Owner, k: QueueKeys, shebang: bool) -> None:
         self.broker = broker
+        self.clock_ms = broker.precise_ms
         self.source, sha = script("enqueue_ready").for_server(shebang)
         # '*9' (EVALSHA, sha, numkeys, 3 keys, the wake channel, now, the job), then the first 7 arguments
         head = ("EVALSHA", sha, 3, k.pending, k.idle, k.stats, k.wake)
         self._head = b"*9" + hiredis.pack_command(head)[2:]  # type: ignore[arg-type]  # its stub: a 1-tuple
 
-    def send(self, direct: DirectCalls, job_id: str, spec: bytes, now_ms: int) -> None:
+    def send(self, job_id: str, spec: bytes, now_ms: int) -> bool:
+        """True once Redis took the job; False, sending nothing, when the broker has no kept connections (then
+        ``Broker.run`` it)."""
+        broker = self.broker
+        direct = broker.direct()
+        if direct is None:
+            return False
         now = b"%d" % now_ms
         entry = job_id.encode() + spec
         packed = b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n" % (self._head, len(now), now, len(entry), entry)
-        broker = self.broker
         try:
             try:
                 direct.send(packed)
@@ -58,4 +66,7 @@ class ReadyEnqueue:
         except UNAVAILABLE as exc:
             broker.health.lost(exc)
             raise
-        broker.health.ok()
+        health = broker.health
+        if health.down_since is not None:
+            health.ok()
+        return True
