@@ -139,3 +139,26 @@ def test_a_connection_idle_past_the_health_check_interval_is_pinged_first(server
     assert len(_pending(app)) == 3
     app.close()
     admin.close()
+
+
+def test_a_forked_child_never_uses_its_parent_s_connections(server: EmbeddedRedis) -> None:
+    app = _app(f"redis://127.0.0.1:{server.port}/0")
+    app.enqueue("noop", n=1)
+    direct = app.broker._direct
+    assert direct is not None
+    parent = direct.call("CLIENT", "ID")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(write, f"{direct.call('CLIENT', 'ID')},{app.enqueue('noop', n=2)}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        child, child_job = f.read().split(",")
+    os.waitpid(pid, 0)
+    assert int(child) != parent
+    assert direct.call("CLIENT", "ID") == parent  # the parent's connection was left alone
+    assert len(_pending(app)) == 2 and child_job.encode() in _pending(app)
+    app.close()
