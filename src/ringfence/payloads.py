@@ -70,6 +70,8 @@ class PayloadCodec:
     # -- enqueue --------------------------------------------------------------------------------
     def encode(self, payload: Any) -> dict[str, Any]:
         """The JSON-ready payload of the current version, validated; errors name the field."""
+        if self._plain is not None and type(payload) is dict and self._plainly_valid(payload):
+            return payload
         if self.model is not None:
             if not isinstance(payload, self.model | dict):
                 raise PayloadError(f"task {self.task!r}: pass {self.model.__name__} fields as keywords or an instance")
@@ -82,8 +84,6 @@ class PayloadCodec:
             return instance.model_dump(mode="json")
         if not isinstance(payload, dict):
             raise PayloadError(f"task {self.task!r}: a payload is a dict of fields, got {type(payload).__name__}")
-        if self._plain is not None and self._plainly_valid(payload):
-            return payload
         self._refuse(json_problem(payload, "payload"))
         self.check_fields(payload)
         self.validate(payload)

@@ -116,7 +116,7 @@ class Task:
 
     def enqueue(self, model: BaseModel | None = None, /, **fields: Any) -> str:
         """Queue one job; the payload is keyword fields, or an instance of the task's payload model."""
-        return self.app.client.enqueue(self, _payload(model, fields), NO_OPTIONS)
+        return self.app.client.enqueue(self, fields if model is None else _payload(model, fields), NO_OPTIONS)
 
     async def aenqueue(self, model: BaseModel | None = None, /, **fields: Any) -> str:
         return await self.app.client.aenqueue(self, _payload(model, fields), NO_OPTIONS)
