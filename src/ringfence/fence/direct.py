@@ -29,6 +29,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from .dbretry import _PG_GONE, _PG_GONE_TEXT
+from .pgwire import PgForm, Wire, pg_form, values
 
 T = TypeVar("T")
 # Connections kept idle at most. They stay checked out of their engine, so that engine has no overflow limit: a
@@ -40,7 +41,7 @@ Hook = Callable[[Any, str, dict[str, Any]], None]  # (driver connection, SQL, pa
 class Sql:
     """One statement compiled for a dialect: its SQL text, the parameters fixed in it, its result columns."""
 
-    __slots__ = ("names", "params", "text")
+    __slots__ = ("names", "params", "pg", "text")
 
     def __init__(self, stmt: Any, dialect: Any) -> None:
         compiled: Any = stmt.compile(dialect=dialect)
@@ -49,6 +50,7 @@ class Sql:
         self.text: str = compiled.string
         self.params: dict[str, Any] = compiled.construct_params(_check=False)  # literals: the state it writes
         self.names: list[str] | None = None  # result columns, learned from the first answer
+        self.pg: PgForm | None = None  # a kept statement on psycopg: its prepared form (pgwire.py)
 
 
 class Result:
@@ -113,6 +115,8 @@ class _Kept:
             sql = Sql(stmt, self.dialect)
             if id(stmt) in self._kept:  # compiled on first use: the dialect knows its server by then
                 self._sql[id(stmt)] = sql
+                if self.dialect.driver == "psycopg":
+                    sql.pg = pg_form(sql.text)
         return sql
 
     def keep(self, stmts: Any) -> None:
@@ -142,16 +146,25 @@ class _Kept:
 class Conn:
     """One driver connection the store keeps (autocommit), with its cursor."""
 
-    __slots__ = ("broken", "cur", "direct", "fairy", "raw")
+    __slots__ = ("broken", "cur", "direct", "fairy", "raw", "wire")
 
     def __init__(self, direct: Direct, fairy: Any) -> None:
         self.direct, self.fairy, self.raw = direct, fairy, fairy.driver_connection
         self.cur = self.raw.cursor()
         self.broken = False
+        self.wire = _wire(direct.dialect, self.raw)
 
     def execute(self, stmt: Any, params: dict[str, Any] | None = None) -> Result:
         """``stmt`` (a prebuilt statement, compiled once) with ``params``, as one autocommit statement."""
         sql, p = self.direct.prepare(self.raw, stmt, params)
+        wire, form = self.wire, sql.pg
+        args = None if wire is None or form is None else values(form, p)
+        if wire is not None and form is not None and args is not None:
+            try:
+                return _result(sql, wire, wire.run(wire.exchange(form, args)))
+            except Exception as exc:
+                self.broken = self.broken or not wire.clean()
+                raise self.direct.fail(self, exc, sql.text, p) from exc
         cur = self.cur
         try:
             cur.execute(sql.text, p)
@@ -239,15 +252,24 @@ class Direct(_Kept):
 class AConn:
     """One async driver connection (psycopg's ``AsyncConnection``, autocommit) kept by :class:`AsyncDirect`."""
 
-    __slots__ = ("broken", "direct", "raw")
+    __slots__ = ("broken", "direct", "raw", "wire")
 
     def __init__(self, direct: AsyncDirect, raw: Any) -> None:
         self.direct, self.raw = direct, raw
         self.broken = False
+        self.wire = _wire(direct.dialect, raw)
 
     async def execute(self, stmt: Any, params: dict[str, Any] | None = None) -> Result:
         """Async :meth:`Conn.execute`."""
         sql, p = self.direct.prepare(self.raw, stmt, params)
+        wire, form = self.wire, sql.pg
+        args = None if wire is None or form is None else values(form, p)
+        if wire is not None and form is not None and args is not None:
+            try:
+                return _result(sql, wire, await wire.arun(wire.exchange(form, args)))
+            except Exception as exc:
+                self.broken = self.broken or not wire.clean()
+                raise self.direct.fail(self, exc, sql.text, p) from exc
         try:
             cur = self.raw.cursor()
             try:
@@ -321,6 +343,19 @@ class AsyncDirect(_Kept):
         self._dead.extend(self._idle)
         self._idle.clear()
         await self._close_dead()
+
+
+def _wire(dialect: Any, raw: Any) -> Wire | None:
+    """psycopg's libpq connection for the kept statements (pgwire.py), where it can take them."""
+    return Wire(raw) if dialect.driver == "psycopg" and Wire.usable(raw) else None
+
+
+def _result(sql: Sql, wire: Wire, res: Any) -> Result:
+    names, rows = wire.rows(res)
+    if sql.names is None:
+        sql.names = names
+    count = res.command_tuples
+    return Result(-1 if count is None else count, sql.names, rows)
 
 
 def _discard(conn: Conn) -> None:

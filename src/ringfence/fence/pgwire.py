@@ -1,0 +1,188 @@
+"""The fence's prebuilt statements on psycopg's libpq connection, below its cursor.
+
+psycopg's ``cursor.execute`` spends more client CPU per statement than a fenced no-op job spends anywhere else:
+it converts the query and dumps every parameter through its adapters on each call, and its async twin adds a
+lock, a generator and a reader per wait. A kept statement here is converted once (``$n`` placeholders) and sent
+as a named prepared statement; on the first use on a connection, ``Parse`` goes out in the same round trip as
+the execution (libpq's pipeline mode), so one statement is still one round trip. Parameters are plain ``str``,
+``int``, ``float``, ``bool`` and ``None`` sent as text, their types declared by the statement itself (every
+parameter of a prebuilt statement sits in a typed context: a cast, a column); anything else, or a string libpq
+would cut at a NUL, returns ``None`` from :func:`values` and the caller uses psycopg's cursor. Rows are read with
+the connection's own loaders (psycopg's ``Transformer``), so they are what the cursor returned.
+
+Errors are psycopg's: a failed statement raises the error psycopg builds from the server's answer, a dead
+socket the ``OperationalError`` libpq reports, so ``direct.py`` wraps them as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import re
+import select
+from collections.abc import Generator
+from typing import Any
+
+from psycopg import errors, pq
+from psycopg.adapt import Transformer
+
+_READ, _WRITE = 1, 2
+_PYFORMAT = re.compile(r"%\((\w+)\)s|%%")
+_names = itertools.count(1)  # statement names, unique in the process (each connection prepares its own)
+_OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
+
+
+class PgForm:
+    """A kept statement in PostgreSQL's own form: its name, its ``$n`` text and the parameter names in order."""
+
+    __slots__ = ("name", "order", "text")
+
+    def __init__(self, name: bytes, text: bytes, order: list[str]) -> None:
+        self.name, self.text, self.order = name, text, order
+
+
+def pg_form(sql: str) -> PgForm | None:
+    """``sql`` as compiled for psycopg (``%(name)s``) in ``$n`` form; None if it holds any other ``%`` form."""
+    order: list[str] = []
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(1) is None:
+            return "%"
+        if m.group(1) not in order:
+            order.append(m.group(1))
+        return f"${order.index(m.group(1)) + 1}"
+
+    if "%" in _PYFORMAT.sub("", sql):
+        return None
+    return PgForm(b"rf_%d" % next(_names), _PYFORMAT.sub(sub, sql).encode(), order)
+
+
+def values(form: PgForm, params: dict[str, Any]) -> list[bytes | None] | None:
+    """The parameters as text, in order; None where psycopg's adaptation is needed."""
+    out: list[bytes | None] = []
+    for name in form.order:
+        v = params[name]
+        t = type(v)
+        if v is None:
+            out.append(None)
+        elif t is str:
+            if "\x00" in v:  # libpq would cut the text there; psycopg refuses it
+                return None
+            out.append(v.encode())
+        elif t is int:
+            out.append(b"%d" % v)
+        elif t is float and math.isfinite(v):
+            out.append(repr(v).encode())
+        elif t is bool:
+            out.append(b"t" if v else b"f")
+        else:
+            return None
+    return out
+
+
+class Wire:
+    """One psycopg connection (sync or async) seen through its libpq connection; what it has prepared."""
+
+    __slots__ = ("pg", "prepared", "tx")
+
+    def __init__(self, raw: Any) -> None:
+        self.pg = raw.pgconn
+        self.prepared: set[bytes] = set()
+        self.tx = Transformer(raw)  # the connection's loaders (its adapters, its time zone)
+
+    @staticmethod
+    def usable(raw: Any) -> bool:
+        """UTF-8 client encoding (parameters are encoded so) and a libpq with pipeline mode."""
+        return bool(raw.pgconn.parameter_status(b"client_encoding") == b"UTF8" and pq.version() >= 140000)
+
+    def exchange(self, form: PgForm, args: list[bytes | None]) -> Generator[int, None, pq.abc.PGresult]:
+        """Send one execution (with its ``Parse`` the first time) and read the answer: yields ``_READ`` /
+        ``_WRITE`` while the socket must be waited for; returns the statement's result, or raises its error."""
+        pg, first = self.pg, form.name not in self.prepared
+        if first:  # Parse, Bind, Execute, Sync: one round trip
+            pg.enter_pipeline_mode()
+            pg.send_prepare(form.name, form.text)
+            pg.send_query_prepared(form.name, args)
+            pg.pipeline_sync()
+        else:
+            pg.send_query_prepared(form.name, args)
+        while pg.flush():
+            yield _WRITE
+        results: list[pq.abc.PGresult] = []
+        while True:
+            pg.consume_input()
+            while not pg.is_busy():
+                r = pg.get_result()
+                if r is None:
+                    if not first:
+                        return self._answer(results, form, first)
+                    continue  # the end of one pipelined command
+                if r.status == pq.ExecStatus.PIPELINE_SYNC:
+                    pg.exit_pipeline_mode()
+                    return self._answer(results, form, first)
+                results.append(r)
+            yield _READ
+
+    def _answer(self, results: list[pq.abc.PGresult], form: PgForm, first: bool) -> pq.abc.PGresult:
+        for r in results:
+            if r.status not in _OK:
+                raise errors.error_from_result(r, encoding="utf-8")
+        if first:
+            self.prepared.add(form.name)
+        return results[-1]
+
+    def rows(self, res: Any) -> tuple[list[str] | None, list[Any] | None]:
+        """(column names, rows as tuples), or (None, None) for a statement that returns no rows."""
+        if res.status != pq.ExecStatus.TUPLES_OK:
+            return None, None
+        names = [(res.fname(i) or b"").decode() for i in range(res.nfields)]
+        self.tx.set_pgresult(res)
+        return names, self.tx.load_rows(0, res.ntuples, tuple)
+
+    def run(self, gen: Generator[int, None, Any]) -> Any:
+        """Drive ``gen`` blocking on the socket."""
+        poller, fd = select.poll(), self.pg.socket
+        try:
+            wait = next(gen)
+            while True:
+                poller.register(fd, select.POLLIN if wait == _READ else select.POLLOUT)
+                poller.poll()
+                wait = gen.send(None)
+        except StopIteration as done:
+            return done.value
+
+    async def arun(self, gen: Generator[int, None, Any]) -> Any:
+        """Drive ``gen`` on the running loop (one reader or writer per wait)."""
+        loop, fd = asyncio.get_running_loop(), self.pg.socket
+        try:
+            wait = next(gen)
+            while True:
+                fut = loop.create_future()
+                if wait == _READ:
+                    loop.add_reader(fd, _wake, fut)
+                    try:
+                        await fut
+                    finally:
+                        loop.remove_reader(fd)
+                else:
+                    loop.add_writer(fd, _wake, fut)
+                    try:
+                        await fut
+                    finally:
+                        loop.remove_writer(fd)
+                wait = gen.send(None)
+        except StopIteration as done:
+            return done.value
+
+    def clean(self) -> bool:
+        """Out of pipeline mode (else the connection is not reused)."""
+        try:
+            return bool(self.pg.pipeline_status == pq.PipelineStatus.OFF)
+        except Exception:  # a closed connection
+            return False
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
