@@ -259,7 +259,7 @@ def pg_wire_trace(engine: Any, *more: Any) -> Iterator[list[str]]:
                 if direction == "F" and kind in ("Query", "Parse"):
                     sent.append(_statement(body))
                 elif direction == "B" and kind == "ReadyForQuery":
-                    # no Query/Parse: a statement psycopg prepared earlier (Bind/Execute only)
+                    # no Query/Parse: a statement prepared earlier on this connection (Bind/Execute only)
                     trips.append((" + ".join(sent) or "(prepared)") + ("" if body.strip() == "I" else " …"))
                     sent = []
         os.unlink(path)
@@ -267,8 +267,9 @@ def pg_wire_trace(engine: Any, *more: Any) -> Iterator[list[str]]:
 
 def _statement(body: str) -> str:
     """A short label for a traced statement: its verb, and for an UPDATE the columns it sets."""
-    if body.startswith('""'):  # Parse: "<unnamed statement>" "<sql>" ...; a multi-line SQL is cut at its newline
-        body = body[2:].lstrip()
+    named = re.match(r'"[\w]*" "', body)  # Parse: "<statement name, or none>" "<sql>" ...; a multi-line SQL is cut
+    if named:
+        body = body[named.end() - 1:]
     sql = body.lstrip('"').split('"', 1)[0]
     words = sql.split()
     verb = words[0].upper() if words else "?"

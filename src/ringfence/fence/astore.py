@@ -78,7 +78,7 @@ class AsyncFence:
         """:meth:`FenceStore.capture_or_get` on the loop (PostgreSQL's one-statement capture)."""
         values = {"v_subject": subject, "v_step": step, "v_owner_job_id": owner.job_id,
                   "v_owner_token": owner.token, "v_lease_s": float(owner.lease_s), "v_params_hash": phash,
-                  "v_provider_key": provider_key(subject, step), "v_retention_s": retention_s}
+                  "v_provider_key": (key := provider_key(subject, step)), "v_retention_s": retention_s}
         stmts = self.store.stmts
         stmt = stmts.pg_capture if request is None else stmts.pg_capture_calling
         if request is not None:
@@ -91,7 +91,7 @@ class AsyncFence:
         if m["fresh"]:
             state = FenceState.CLAIMED if request is None else FenceState.CALLING
             return FenceRow(subject=subject, step=step, state=state, epoch=1, owner_job_id=owner.job_id,
-                            owner_token=owner.token, params_hash=phash, provider_key=provider_key(subject, step),
+                            owner_token=owner.token, params_hash=phash, provider_key=key,
                             request=request, retention_s=retention_s, lease_live=True), True
         return (None if m["id"] is None else _row(m)), False
 

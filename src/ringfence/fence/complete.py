@@ -30,7 +30,7 @@ from ..errors import ConfigError, FencedOut
 from ..faults import fault_point
 from ..offloop import in_thread
 from .dbretry import NO_RETRY, DbRetry, aretrying, is_disconnect, retrying
-from .lazy import lazy_completion, unsent
+from .lazy import lazy_completion, take_spare, unsent
 
 Stale = Callable[[], FencedOut]
 
@@ -329,12 +329,15 @@ async def _sync_db(db: Any, stmt: Bound, dialect: Dialect, stale: Stale, retry: 
 @asynccontextmanager
 async def _alone_on_loop(db: Engine, stmt: Bound, dialect: Dialect, stale: Stale, retry: DbRetry,
                          committed: Committed | None, aalone: Callable[[], Awaitable[None]]) -> AsyncIterator[Any]:
-    """The store's own sync Engine in an ``async with``: the connection is checked out in a thread; a block that
-    sent nothing gives it back on the loop (no I/O: nothing is open on it) and completes with the store's async
-    statement, with no second thread hop. A block that wrote commits in a thread, as before."""
+    """The store's own sync Engine in an ``async with``: the connection is a spare one an earlier block left unused
+    (taken on the loop: no I/O) or is checked out in a thread; a block that sent nothing gives it back on the loop
+    (no I/O: nothing is open on it) and completes with the store's async statement, with no second thread hop. A
+    block that wrote commits in a thread, as before."""
     needed: list[bool] = []
-    sync = sync_completion(db, stmt, dialect, stale, retry, committed, lambda: needed.append(True))
-    conn = await asyncio.to_thread(sync.__enter__)
+    spare = take_spare(db)  # a connection kept from an earlier completion: no I/O to enter, no thread hop
+    sync = lazy_completion(db, lambda c: first_statement(c, stmt), stale, retry, lambda: needed.append(True),
+                           committed, _confirm, restore_autocommit, spare)
+    conn = sync.__enter__() if spare is not None else await asyncio.to_thread(sync.__enter__)
     try:
         yield conn
     except BaseException as exc:

@@ -10,15 +10,21 @@ round trip.
 When the UPDATE finds the connection dead, nothing of the caller's has reached the database yet: the dead
 transaction is rolled back and the UPDATE runs again on a fresh connection (``DbRetry``), and the caller's
 statement then goes out on that connection.
+
+A block that sent nothing leaves its connection as it found it: up to ``SPARE`` such connections per engine stay
+checked out for the next completion (no pool checkout and return per job; an ``async with`` takes one on the loop
+instead of a thread hop). A spare is a pooled connection that skipped the pool: a dead one is replaced as above.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
-from weakref import WeakSet
+from weakref import WeakKeyDictionary, WeakSet
 
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import DBAPIError
@@ -29,6 +35,44 @@ from .dbretry import DbRetry, retrying
 _pending: dict[Connection, _Pending] = {}  # a connection whose block has not sent its first statement yet
 _watched: WeakSet[Engine] = WeakSet()
 _lock = threading.Lock()
+SPARE = 4  # unused connections kept checked out per engine (at most; the pool lends the rest)
+
+
+class _Spares:
+    """Connections of one engine that a completion's block left unused, kept checked out for the next one."""
+
+    def __init__(self) -> None:
+        self.conns: deque[Connection] = deque()
+        self.pid = os.getpid()
+
+    def take(self) -> Connection | None:
+        if self.pid != os.getpid():  # a forked child: the parent's sockets are not ours (left unused)
+            self.conns, self.pid = deque(), os.getpid()
+        try:
+            return self.conns.pop()
+        except IndexError:
+            return None
+
+    def keep(self, conn: Connection, db: Engine) -> bool:
+        if (self.pid != os.getpid() or len(self.conns) >= SPARE or conn.closed or conn.invalidated
+                or conn.in_transaction() or conn.get_execution_options() != db.get_execution_options()):
+            return False
+        self.conns.append(conn)
+        return True
+
+    def close(self) -> None:
+        while (conn := self.take()) is not None:
+            with suppress(Exception):  # already gone
+                conn.close()
+
+
+_spares: WeakKeyDictionary[Engine, _Spares] = WeakKeyDictionary()
+
+
+def take_spare(db: Engine) -> Connection | None:
+    """A connection of ``db`` kept from an earlier completion (no I/O, no wait), or None."""
+    spares = _spares.get(db)
+    return None if spares is None else spares.take()
 
 
 class _Pending:
@@ -66,6 +110,8 @@ def _watch(engine: Engine) -> None:
         if engine not in _watched:
             event.listen(engine, "before_execute", _before_execute)
             event.listen(engine, "before_cursor_execute", _before_cursor_execute)
+            spares = _spares[engine] = _Spares()
+            event.listen(engine, "engine_disposed", lambda _engine: spares.close())
             _watched.add(engine)
 
 
@@ -73,12 +119,13 @@ def _watch(engine: Engine) -> None:
 def lazy_completion(db: Engine, first: Callable[[Connection], int], stale: Callable[[], Exception],
                     retry: DbRetry, alone: Callable[[], None], committed: Callable[[], bool] | None,
                     confirm: Callable[[BaseException, Callable[[], bool] | None], bool],
-                    restore: Callable[[Connection], None]) -> Iterator[Connection]:
+                    restore: Callable[[Connection], None], spare: Connection | None = None) -> Iterator[Connection]:
     """Yield a connection of ``db`` whose first statement is preceded by the fence's UPDATE (``first``); a block
     that sent nothing completes with ``alone()`` (the UPDATE in autocommit). ``restore`` puts the driver
-    connection back as the pool expects it (psycopg: autocommit off) before it is returned."""
+    connection back as the pool expects it (psycopg: autocommit off) before it is returned. ``spare``: a
+    connection :func:`take_spare` gave (else one is taken here)."""
     _watch(db)
-    conn = db.connect()
+    conn = spare or take_spare(db) or db.connect()
     _pending[conn] = _Pending(first, stale, retry)
     try:
         yield conn
@@ -92,7 +139,9 @@ def lazy_completion(db: Engine, first: Callable[[Connection], int], stale: Calla
         raise
     pending = _pending.pop(conn, None)
     if pending is not None and not _in_transaction(conn):  # the block sent nothing
-        _close(conn, restore)
+        restore(conn)
+        if not _spares[db].keep(conn, db):
+            conn.close()
         alone()
         return
     try:

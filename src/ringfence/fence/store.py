@@ -96,6 +96,7 @@ class FenceStore:
             direct.keep(vars(self.stmts).values())
             event.listen(self.engine, "engine_disposed", lambda _engine: direct.close())
         self._maria_returning: bool | None = None
+        self._url_text: str | None = None
         # `async with` fences run their statements on an AsyncEngine of the same URL where there is one (astore.py).
         self._async_url = async_url(engine_or_url) if isinstance(engine_or_url, str) else None
         self._astore: AsyncFence | None = None
@@ -224,12 +225,12 @@ class FenceStore:
         one statement)."""
         values = {"v_subject": subject, "v_step": step, "v_owner_job_id": owner.job_id,
                   "v_owner_token": owner.token, "v_lease_s": float(owner.lease_s), "v_params_hash": phash,
-                  "v_provider_key": provider_key(subject, step), "v_retention_s": retention_s}
+                  "v_provider_key": (key := provider_key(subject, step)), "v_retention_s": retention_s}
         state = FenceState.CLAIMED if request is None else FenceState.CALLING
         if request is not None:
             values["v_request"] = request
         mine = FenceRow(subject=subject, step=step, state=state, epoch=1, owner_job_id=owner.job_id,
-                        owner_token=owner.token, params_hash=phash, provider_key=provider_key(subject, step),
+                        owner_token=owner.token, params_hash=phash, provider_key=key,
                         request=request, retention_s=retention_s, lease_live=True)  # as written; times stay in the db
         if self._pg:  # one statement, one round trip, either way
             pg = self.stmts.pg_capture if request is None else self.stmts.pg_capture_calling
@@ -397,7 +398,9 @@ class FenceStore:
         return lambda: self.complete(subject, step, epoch, result, states)
 
     def _url(self) -> str:
-        return str(self.engine.url.render_as_string(hide_password=True))
+        if self._url_text is None:  # named only when a completion fails: rendered once
+            self._url_text = str(self.engine.url.render_as_string(hide_password=True))
+        return self._url_text
 
     def _committed(self, subject: str, step: str, epoch: int, result: str | None) -> Callable[[], bool]:
         done = {"state": FenceState.COMPLETED.value, "result": result}
