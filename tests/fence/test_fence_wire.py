@@ -285,3 +285,67 @@ def test_more_statements_at_once_than_a_pool_holds_never_wait(url_store: FenceSt
     assert nested(1) == 20
     assert len(direct._idle) == MAX_IDLE
     assert url_store.list(subject=subject) == [] and url_store.get(subject, "x") is None
+
+
+def test_the_first_fenced_step_on_a_new_store_prepares_in_the_same_round_trips(
+        backend: Backend, subject: str, provider: Provider, make_owner: OwnerFactory) -> None:
+    """On psycopg each kept statement is prepared on its connection the first time it runs, its Parse in the
+    execution's round trip: the very first step of a new store costs what a later one does, and the next one
+    sends no SQL at all (Bind/Execute of the prepared statements)."""
+    if backend.name != "postgresql":
+        pytest.skip("prepared by pgwire on psycopg only")
+    store = FenceStore(backend.url, table_name=backend.store.table.name)
+    try:
+        with wire_trace(*store_targets(store)) as first:
+            one_job(store, make_owner(), subject, provider)
+        with wire_trace(*store_targets(store)) as second:
+            one_job(store, make_owner(), f"{subject}-2", provider)
+        assert len(first) == 4 and transactions(first) == 4, summarize(first)
+        assert second == ["(prepared)"] * 4, summarize(second)
+    finally:
+        store.engine.dispose()
+
+
+def test_a_kept_statement_takes_the_cursor_for_what_it_cannot_send_as_text(url_store: FenceStore,
+                                                                           subject: str) -> None:
+    """A parameter libpq would cut (a NUL) goes through psycopg's cursor, which refuses it as before; the same
+    statement then runs prepared again."""
+    from sqlalchemy.exc import DBAPIError
+
+    if url_store.engine.dialect.name != "postgresql":
+        pytest.skip("prepared by pgwire on psycopg only")
+    direct = url_store.direct
+    assert direct is not None
+    get = url_store.stmts.get
+    with pytest.raises(DBAPIError):
+        direct.run(lambda conn: conn.execute(get, {"w_subject": "a\x00b", "w_step": "x"}))
+    assert url_store.get(subject, "x") is None
+
+
+def test_an_unused_completion_connection_is_kept_for_the_next_one(url_store: FenceStore, subject: str,
+                                                                  provider: Provider,
+                                                                  make_owner: OwnerFactory) -> None:
+    """``step.complete(engine)`` whose block sent nothing leaves its connection checked out for the next
+    completion (no pool checkout per job); disposing the engine closes it."""
+    import sqlalchemy as sa
+
+    from ringfence.fence.lazy import SPARE, _spares
+
+    one_job(url_store, make_owner(), f"{subject}-warm", provider)
+    checkouts: list[Any] = []
+
+    def counted(*args: Any) -> None:
+        checkouts.append(args)
+
+    sa.event.listen(url_store.engine, "checkout", counted)
+    try:
+        for n in range(3):
+            one_job(url_store, make_owner(), f"{subject}-{n}", provider)
+    finally:
+        sa.event.remove(url_store.engine, "checkout", counted)
+    assert checkouts == []
+    spares = _spares[url_store.engine]
+    assert 1 <= len(spares.conns) <= SPARE
+    kept = list(spares.conns)
+    url_store.engine.dispose()
+    assert not spares.conns and all(c.closed for c in kept)
