@@ -350,3 +350,24 @@ def test_retries_are_bounded_then_the_error_surfaces(backend: Backend, rig: Any,
     assert err.value.connection_invalidated and len(kills) == 3
     sa.event.remove(store.engine, "before_cursor_execute", kill_every_write)
     assert store.get(subject, "charge") is None
+
+
+def test_a_kept_completion_connection_that_died_is_replaced(backend: Backend, rig: Any, subject: str,
+                                                            provider: Provider, make_owner: OwnerFactory) -> None:
+    """A connection an unused ``step.complete(engine)`` left kept (lazy.py) dies while idle: the next completion
+    that writes finds it dead at the fence's UPDATE and runs on a fresh one, once."""
+    from ringfence.fence.lazy import _spares
+
+    store, killer = rig
+    with Fences(store, make_owner()).open(f"{subject}-warm", "charge") as step:
+        step.effect(lambda: provider.charge(5, idempotency_key=step.key))
+        with step.complete(store.engine):
+            pass  # sends nothing: its connection is kept
+    kept = list(_spares[store.engine].conns)
+    assert kept
+    for conn in kept:
+        killer.kill(conn.connection.dbapi_connection)
+    ref = charge(backend, store, make_owner(), subject, provider)
+    row = store.get(subject, "charge")
+    assert row is not None and row.state is FenceState.COMPLETED and row.reference == ref
+    assert orders_of(backend, subject) == [ref] and len(provider.calls) == 2
