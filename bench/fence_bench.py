@@ -21,6 +21,7 @@ and dropped at the end, so a shared server keeps nothing of the run. Subjects ar
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 import statistics
@@ -516,7 +517,8 @@ def fig_fence(bench: Bench, base_url: str) -> None:
 def cpu_per_job(base_url: str, jobs: int, kinds: list[str]) -> dict[str, float]:
     """ms of process CPU (``time.process_time``, threads included) per fenced job of each kind (sync, async,
     sync_dedup, async_dedup), ``jobs`` run one after another in-process with the worker's fence wiring
-    (``ringfence.testing.TestFencing``) after 20 warm-up jobs, on a private database of ``base_url``'s server."""
+    (``ringfence.testing.TestFencing``) after 20 warm-up jobs, on a private database of ``base_url``'s server;
+    ``<kind>_db``: the CPU of that database's server processes (PostgreSQL backends on this machine) per job."""
     from bench.ringfence_bench import build_app
     from ringfence.fence import FenceStore
     from ringfence.testing import TestFencing
@@ -536,9 +538,11 @@ def cpu_per_job(base_url: str, jobs: int, kinds: list[str]) -> dict[str, float]:
             for kind in kinds:
                 task = app.registry.get(names[kind])
                 _run_jobs(task, fencing, f"{run}-{kind}", range(-20, 0))
-                t0 = time.process_time()
+                pids = _backends(url)
+                db0, t0 = proc_cpu_s(pids), time.process_time()
                 _run_jobs(task, fencing, f"{run}-{kind}", range(jobs))
                 out[kind] = (time.process_time() - t0) * 1000 / jobs
+                out[f"{kind}_db"] = (proc_cpu_s(pids) - db0) * 1000 / jobs if pids else float("nan")
         finally:
             app.fence_store.engine.dispose()
             if app.fence_store._astore is not None:
@@ -547,8 +551,23 @@ def cpu_per_job(base_url: str, jobs: int, kinds: list[str]) -> dict[str, float]:
     return out
 
 
+def _backends(url: str) -> list[int]:
+    """The server processes of ``url``'s database (PostgreSQL; [] elsewhere: no figure)."""
+    u = make_url(url)
+    if u.get_backend_name() != "postgresql":
+        return []
+    engine = create_engine(u.set(database="postgres"))
+    try:
+        with engine.connect() as conn:
+            q = text("SELECT pid FROM pg_stat_activity WHERE datname = :d")
+            return [int(pid) for pid in conn.execute(q, {"d": u.database}).scalars()]
+    finally:
+        engine.dispose()
+
+
 if __name__ == "__main__":  # python -m bench.fence_bench URL [JOBS] [KINDS]
     args = sys.argv[1:] or [DEFAULT_FENCE_URL]
     kinds = (args[2] if len(args) > 2 else "sync,async,sync_dedup,async_dedup").split(",")
     cpu = cpu_per_job(args[0], int(args[1]) if len(args) > 1 else 500, kinds)
-    print(f"load {os.getloadavg()[0]:.2f}; " + "; ".join(f"{k}: {v:.3f} ms CPU/job" for k, v in cpu.items()))
+    db = {k: "" if math.isnan(cpu[k + "_db"]) else f" (PostgreSQL backends {cpu[k + '_db']:.3f})" for k in kinds}
+    print(f"load {os.getloadavg()[0]:.2f}; " + "; ".join(f"{k}: {cpu[k]:.3f} ms CPU/job{db[k]}" for k in kinds))
