@@ -42,6 +42,36 @@ def test_fetch_leases_in_fifo_order_and_counts_attempts(broker: Broker, rdb: red
     assert rdb.lrange(k.pending, 0, -1) == [b"c"]
 
 
+def test_fetch_moves_the_idle_mark_of_the_fetching_worker(broker: Broker, rdb: redis.Redis, clock: SimClock) -> None:
+    k = broker.keys.queue("q")
+    rdb.zadd(k.idle, {"dead": clock.ms - 1, "w2": clock.ms + 60_000})
+    broker.run(broker.enqueue("q", [(i, spec(), 0) for i in ("a", "b", "c")]))
+    # Queue not left empty: no mark (and one it had is removed).
+    rdb.zadd(k.idle, {"w1": clock.ms + 1})
+    got, empty = broker.run(broker.fetch_marking("q", 2, clock.ms + 5000, "w1.1", "w1", clock.ms + 6000))
+    assert ([i for i, _, _ in got], empty) == (["a", "b"], False)
+    assert rdb.zrange(k.idle, 0, -1) == [b"dead", b"w2"]
+    # Left empty with a free slot: marked idle until the given time; marks of workers that died asleep go.
+    got, empty = broker.run(broker.fetch_marking("q", 2, clock.ms + 5000, "w1.2", "w1", clock.ms + 6000))
+    assert ([i for i, _, _ in got], empty) == (["c"], True)
+    assert rdb.zrange(k.idle, 0, -1, withscores=True) == [(b"w1", clock.ms + 6000.0), (b"w2", clock.ms + 60_000.0)]
+    assert rdb.hgetall(k.lease) == {b"a": b"w1.1", b"b": b"w1.1", b"c": b"w1.2"}
+    # Left empty with every slot taken: no wake-up would help it, the mark goes.
+    broker.run(broker.enqueue("q", [("d", spec(), 0)]))
+    got, empty = broker.run(broker.fetch_marking("q", 1, clock.ms + 5000, "w1.3", "w1", clock.ms + 6000))
+    assert ([i for i, _, _ in got], empty) == (["d"], True)
+    assert rdb.zrange(k.idle, 0, -1) == [b"w2"]
+    # Nothing ready, or paused: marked idle.
+    assert broker.run(broker.fetch_marking("q", 1, clock.ms + 5000, "w1.4", "w1", clock.ms + 7000)) == ([], True)
+    assert rdb.zscore(k.idle, "w1") == clock.ms + 7000
+    broker.run(broker.enqueue("q", [("e", spec(), 0)]))
+    broker.set_paused("q", True)
+    rdb.zrem(k.idle, "w1")
+    assert broker.run(broker.fetch_marking("q", 1, clock.ms + 5000, "w1.5", "w1", clock.ms + 8000)) == ([], True)
+    assert rdb.zscore(k.idle, "w1") == clock.ms + 8000
+    assert rdb.lrange(k.pending, 0, -1) == [b"e"]
+
+
 def test_paused_queue_keeps_jobs(broker: Broker, rdb: redis.Redis, clock: SimClock) -> None:
     broker.run(broker.enqueue("q", [("a", spec(), 0)]))
     broker.set_paused("q", True)

@@ -281,6 +281,39 @@ async def test_idle_worker_wakes_on_enqueue_without_polling(make_app) -> None:
     assert max(started) < app.worker_settings.heartbeat_s * 1000 / 2
 
 
+async def test_idle_worker_of_two_queues_is_woken_by_each_and_marked_only_while_idle(make_app) -> None:
+    from ringfence import WorkerSettings
+
+    # The idle marks move with the fetches (fetch.lua): a worker that found both queues empty is marked in
+    # both, a job in either wakes it (the fallback timer is 30 s away), and it leaves no mark when it stops.
+    app = make_app(worker=WorkerSettings(heartbeat_s=30, lease_s=60, server_ttl_s=90))
+    started: list[str] = []
+
+    @app.task(queue="a")
+    async def ta(ctx) -> None:
+        started.append("a")
+
+    @app.task(queue="b")
+    async def tb(ctx) -> None:
+        started.append("b")
+
+    b = app.broker
+    idle = [b.keys.queue(q).idle for q in ("a", "b")]
+    worker = Worker(app, [("a", 1), ("b", 1)], concurrency=2)
+    runner = asyncio.create_task(worker.run())
+    try:
+        await until(lambda: all(b.sync.zscore(key, worker.server_id) for key in idle), runner, timeout=10)
+        for n, task in enumerate([tb, ta, tb, ta], 1):
+            await task.aenqueue()
+            await until(lambda n=n: len(started) == n, runner, timeout=10)
+            await until(lambda: all(b.sync.zscore(key, worker.server_id) for key in idle), runner, timeout=10)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(runner, 10)
+    assert started == ["b", "a", "b", "a"]
+    assert not any(b.sync.zscore(key, worker.server_id) for key in idle)
+
+
 @pytest.mark.parametrize("bad", ["critical=x", "critical=0", "", "bad name=1"])
 def test_queue_spec_errors(bad: str) -> None:
     from ringfence.errors import ConfigError

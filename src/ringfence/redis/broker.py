@@ -62,6 +62,11 @@ def _shown(script_name: str) -> str:
     return "enqueue" if script_name == "enqueue_ready" else script_name
 
 
+def _fetched_marking(raw: Any) -> tuple[list[tuple[str, bytes, int]], bool]:
+    """fetch.lua's answer with a worker id: the jobs, then whether the queue was left empty."""
+    return _fetched(raw[:-1]), bool(int(raw[-1]))
+
+
 def _compiles(probe: Callable[[], Any]) -> bool:
     try:
         probe()
@@ -312,6 +317,15 @@ class Broker(Reads, Admin):
         k = self.keys.queue(queue)
         return Call("fetch", [k.pending, k.jobs, k.active, k.lease, k.attempts, k.paused, k.stats],
                     [deadline_ms, count, token], _fetched)
+
+    def fetch_marking(self, queue: str, count: int, deadline_ms: int, token: str, worker: str,
+                      idle_until_ms: int) -> Call[tuple[list[tuple[str, bytes, int]], bool]]:
+        """``fetch`` that also moves ``worker``'s idle mark in the queue (fetch.lua): parses to the jobs and
+        whether the queue was left empty; then the worker, if it still had free slots, is marked idle until
+        ``idle_until_ms``, else unmarked. No round trips of their own for marks on the path of a woken worker."""
+        k = self.keys.queue(queue)
+        return Call("fetch", [k.pending, k.jobs, k.active, k.lease, k.attempts, k.paused, k.stats, k.idle],
+                    [deadline_ms, count, token, worker, idle_until_ms, self.clock()], _fetched_marking)
 
     def extend(self, queue: str, leases: Iterable[tuple[str, str, int]]) -> Call[list[str]]:
         """leases: (id, token, new deadline ms). Parses to the ids this worker lost."""

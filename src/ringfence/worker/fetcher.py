@@ -28,20 +28,15 @@ class Fetcher:
         self._seq = 0
         self._starving: list[str] = []
         self._starving_at = 0.0
-        self._unmark: asyncio.Task[None] | None = None
 
     async def cycle(self, free: int, start: Callable[[Fetched], None]) -> None:
-        """Fetch up to ``free`` jobs and ``start`` each; with none ready, wait idle until woken."""
+        """Fetch up to ``free`` jobs and ``start`` each; once every queue was found empty, wait idle until woken.
+
+        Each fetch moves this worker's idle mark in its queue (fetch.lua): a woken worker makes one round trip,
+        the fetch, before its job starts and before it sleeps again."""
         if await self.fetch(free, start):
             return
-        if self._unmark is not None:
-            unmark, self._unmark = self._unmark, None
-            await unmark  # never let a late "busy" erase the new idle mark
-        await self.waker.mark_idle(self.idle_s + 1)
-        if not await self.fetch(free, start):
-            await self.until(self.waker.wait(self.idle_s))
-        # Clear the idle mark off the wake-up path: the next fetch need not wait for it.
-        self._unmark = asyncio.create_task(self.waker.mark_busy())
+        await self.until(self.waker.wait(self.idle_s))
 
     async def until(self, aw: Awaitable[Any]) -> None:
         """Await ``aw`` unless the worker is asked to stop first."""
@@ -69,12 +64,17 @@ class Fetcher:
                     self._starving.append(queue)
         return self._starving + [q for q in order if q not in self._starving]
 
-    async def fetch(self, free: int, start: Callable[[Fetched], None]) -> int:
+    async def fetch(self, free: int, start: Callable[[Fetched], None]) -> bool:
+        """Fetch from the queues in order; False when each one was left empty (this worker is then marked idle in
+        each, by the same script calls), True when one may hold more or every slot is taken."""
         now = self.broker.clock()
+        until = now + int((self.idle_s + 1) * 1000)  # outlives the idle wait (its fallback timer)
+        started = 0
         for queue in await self.order():
             self._seq += 1
             token = f"{self.server_id}.{self._seq}"
-            got = await self.broker.arun(self.broker.fetch(queue, free, now + self.lease_ms, token))
+            got, empty = await self.broker.arun(self.broker.fetch_marking(
+                queue, free, now + self.lease_ms, token, self.server_id, until))
             dangling = [job_id for job_id, _, attempt in got if attempt == 0]
             if dangling:
                 got = [g for g in got if g[2] > 0]
@@ -82,6 +82,10 @@ class Fetcher:
                           "'dangling'): %s", queue, len(dangling), " ".join(dangling[:10]))
             for job_id, raw, attempt in got:
                 start(Fetched(job_id, queue, raw, attempt, token, now))
-            if got or dangling:
-                return len(got) or 1  # dangling only: fetch again at once, the queue may hold more
-        return 0
+            free -= len(got)
+            started += len(got)
+            if dangling or not empty or free <= 0:
+                if started:
+                    await asyncio.sleep(0)  # the started jobs reach their handlers before the next fetch is sent
+                return True
+        return False

@@ -8,17 +8,39 @@
 -- KEYS[6] paused    string, exists while paused
 -- KEYS[7] stats     hash  counters ('dangling': queued ids that had no record; 'duplicates': second copies of an
 --                         inline job, from an enqueue retried after its reply was lost)
+-- KEYS[8] idle      zset  worker -> sleeping-until ms (only read with ARGV[4])
 -- ARGV[1] lease deadline ms
 -- ARGV[2] max jobs
 -- ARGV[3] lease token of this fetch (unique per call)
+-- ARGV[4] optional: the fetching worker's id. The idle mark then moves with the fetch instead of costing round
+--         trips of its own: a worker left with free slots by a queue now empty (or paused) is marked idle in
+--         it until ARGV[5] (enqueue publishes a wake-up while a mark is live), else its mark is removed.
+-- ARGV[5] idle mark until ms (with ARGV[4])
+-- ARGV[6] now ms (with ARGV[4]): marks of workers that died asleep end before it
 -- A pending entry is an id, whose spec is in jobs, or '<id><spec>' (a spec starts with '{', an id never holds
 -- one): an inline job, whose spec moves into jobs here, so a leased job has the same keys whichever way it came.
 -- Returns: flat list id, spec, attempt, ... (empty when paused or nothing is ready); a queued id without a
 -- record is dropped, counted, and returned as id, '', 0 so the worker logs it. An inline entry whose id is in
--- jobs already is a second copy of a job queued or running: dropped, counted, not returned.
-if redis.call('EXISTS', KEYS[6]) == 1 then return {} end
+-- jobs already is a second copy of a job queued or running: dropped, counted, not returned. With ARGV[4] one
+-- more element ends the list: 1 when the queue was left empty (or is paused), else 0.
+local worker = ARGV[4]
+
+-- With a worker id: mark it idle or busy, and append whether the queue is empty now.
+local function done(out, leased, empty)
+  if not worker then return out end
+  if empty and leased < tonumber(ARGV[2]) then
+    redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', ARGV[6])
+    redis.call('ZADD', KEYS[8], ARGV[5], worker)
+  else
+    redis.call('ZREM', KEYS[8], worker)
+  end
+  out[#out + 1] = empty and 1 or 0
+  return out
+end
+
+if redis.call('EXISTS', KEYS[6]) == 1 then return done({}, 0, true) end
 local entries = redis.call('RPOP', KEYS[1], tonumber(ARGV[2]))
-if not entries then return {} end
+if not entries then return done({}, 0, true) end
 local out, duplicates = {}, 0
 for _, entry in ipairs(entries) do
   local id, spec, first = entry, nil, true
@@ -47,4 +69,4 @@ for _, entry in ipairs(entries) do
   end
 end
 if duplicates > 0 then redis.call('HINCRBY', KEYS[7], 'duplicates', duplicates) end
-return out
+return done(out, #out / 3, redis.call('LLEN', KEYS[1]) == 0)
