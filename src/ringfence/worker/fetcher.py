@@ -69,7 +69,7 @@ class Fetcher:
         each, by the same script calls), True when one may hold more or every slot is taken."""
         now = self.broker.clock()
         until = now + int((self.idle_s + 1) * 1000)  # outlives the idle wait (its fallback timer)
-        started = 0
+        started, more = 0, False
         for queue in await self.order():
             self._seq += 1
             token = f"{self.server_id}.{self._seq}"
@@ -85,7 +85,8 @@ class Fetcher:
             free -= len(got)
             started += len(got)
             if dangling or not empty or free <= 0:
-                if started:
-                    await asyncio.sleep(0)  # the started jobs reach their handlers before the next fetch is sent
-                return True
-        return False
+                more = True
+                break
+        if started:
+            await asyncio.sleep(0)  # the started jobs reach their handlers before the next fetch or the wait
+        return more
