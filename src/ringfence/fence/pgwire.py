@@ -24,13 +24,17 @@ import select
 from collections.abc import Generator
 from typing import Any
 
-from psycopg import errors, pq
-from psycopg.adapt import Transformer
+try:
+    from psycopg import errors, pq
+    from psycopg.adapt import Transformer
+
+    _OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
+except ImportError:  # psycopg is the postgres extra: without it no connection is psycopg's and no Wire is made
+    pass
 
 _READ, _WRITE = 1, 2
 _PYFORMAT = re.compile(r"%\((\w+)\)s|%%")
 _names = itertools.count(1)  # statement names, unique in the process (each connection prepares its own)
-_OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
 
 
 class PgForm:
