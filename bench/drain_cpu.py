@@ -21,8 +21,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 from ringfence.app import App
+from ringfence.redis.broker import Broker
 from ringfence.redis.embedded import EmbeddedRedis, free_port
 from ringfence.tasks import JobContext
 
@@ -70,22 +72,32 @@ def _profiler(profile: str, pid: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def start_worker(src: str, app: str, url: str, log_dir: str, broker: Broker) -> tuple[subprocess.Popen[bytes],
+                                                                                      dict[str, str]]:
+    """A ``ringfence worker`` of ``app`` on the peer queue running ``src``'s code, once it has registered (its log
+    in ``log_dir``/worker.log), and the environment its producers share: the broker in db 0, metrics in db 15."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, ADAPTERS, ROOT]), "PEERS_BROKER_URL": url,
+           "PEERS_METRICS_URL": url.replace("/0", "/15")}
+    with open(os.path.join(log_dir, "worker.log"), "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", app, "--queues", "peers"],
+                                env=env, stdout=log, stderr=log)
+    deadline = time.monotonic() + 60
+    while not broker.servers():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit(f"the worker did not start (log {log_dir}/worker.log)")
+        time.sleep(0.05)
+    return proc, env
+
+
 def drain(src: str, jobs: int, handler: str, url: str, log_dir: str, profile: str | None = None) -> dict[str, float]:
     """One drain of ``jobs`` by a fresh worker running ``src``: jobs/s, and per job: worker CPU (µs, user and
     system), context switches, script calls (fetch + ack)."""
     broker = App(url).broker
     broker.sync.flushall()  # the private server of this run
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, ADAPTERS, ROOT]), "PEERS_BROKER_URL": url,
-           "PEERS_METRICS_URL": url.replace("/0", "/15")}
-    with open(os.path.join(log_dir, "worker.log"), "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", APPS[handler],
-                                 "--queues", "peers"], env=env, stdout=log, stderr=log)
+    proc, env = start_worker(src, APPS[handler], url, log_dir, broker)
     try:
         deadline = time.monotonic() + 60
-        while not broker.servers():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the worker did not start (log {log_dir}/worker.log)")
-            time.sleep(0.05)
         time.sleep(1.0)  # past start-up: its first idle wait
         os.kill(proc.pid, signal.SIGSTOP)
         subprocess.run([sys.executable, "-c", f"import peer_ringfence as p; p.Producer().bulk({jobs})"], env=env,
@@ -130,20 +142,29 @@ def main() -> int:
                     help="the peer body in a def or async def handler, or a no-op def or async def handler")
     ap.add_argument("--profile", help="write a py-spy raw profile (or perf's, for *.perf) of each drain here")
     args = ap.parse_args()
-    srcs = args.src or [os.path.join(ROOT, "src")]
-    with tempfile.TemporaryDirectory(prefix="rf-drain-cpu-") as tmp:
+
+    def one(src: str, url: str, tmp: str) -> str:
+        r = drain(src, args.jobs, args.handler, url, tmp, args.profile)
+        return (f"{r['jobs_s']:,.0f} jobs/s, {r['cpu_us']:,.0f} µs CPU/job (user {r['user_us']:,.0f}, "
+                f"sys {r['sys_us']:,.0f}), {r['switches']:.1f} switches/job, {r['scripts']:.2f} script calls/job")
+
+    alternate(args.src, args.rounds, "rf-drain-cpu-", one)
+    return 0
+
+
+def alternate(srcs: list[str] | None, rounds: int, prefix: str, one: Callable[[str, str, str], str]) -> None:
+    """Each checkout's ``src`` once per round, in the order given, against one private redis-server: before and
+    after share the machine's state. ``one(src, redis_url, tmp)`` measures and returns the figures' line."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         server = EmbeddedRedis(tmp, port=free_port()).start()
         try:
-            for n in range(args.rounds):
-                for src in srcs:
+            for n in range(rounds):
+                for src in srcs or [os.path.join(ROOT, "src")]:
                     load = os.getloadavg()[0]
-                    r = drain(src, args.jobs, args.handler, server.url, tmp, args.profile)
-                    print(f"round {n + 1} {src}: {r['jobs_s']:,.0f} jobs/s, {r['cpu_us']:,.0f} µs CPU/job "
-                          f"(user {r['user_us']:,.0f}, sys {r['sys_us']:,.0f}), {r['switches']:.1f} switches/job, "
-                          f"{r['scripts']:.2f} script calls/job (load {load:.2f})", flush=True)
+                    line = one(src, server.url, tmp)
+                    print(f"round {n + 1} {src}: {line} (load {load:.2f})", flush=True)
         finally:
             server.stop()
-    return 0
 
 
 if __name__ == "__main__":

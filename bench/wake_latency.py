@@ -18,12 +18,10 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
-from bench.drain_cpu import ADAPTERS, ROOT, _cpu
+from bench.drain_cpu import _cpu, alternate, start_worker
 from ringfence.app import App
-from ringfence.redis.embedded import EmbeddedRedis, free_port
 
 APPS = {"sync": "peer_ringfence:sync_app", "async": "peer_ringfence:async_app"}
 STARTS = "peers:starts"  # as in bench/peers/adapters/peerjob.py
@@ -60,19 +58,12 @@ def run(src: str, handler: str, rate: float, seconds: float, url: str, log_dir: 
     broker = App(url).broker
     broker.sync.flushall()  # the private server of this run
     metrics = App(url.replace("/0", "/15")).broker.sync
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, ADAPTERS, ROOT]), "PEERS_BROKER_URL": url,
-           "PEERS_METRICS_URL": url.replace("/0", "/15")}
     n = int(rate * seconds)
+    proc, env = start_worker(src, APPS[handler], url, log_dir, broker)
     with open(os.path.join(log_dir, "worker.log"), "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", APPS[handler],
-                                 "--queues", "peers"], env=env, stdout=log, stderr=log)
         producer = None
         try:
             deadline = time.monotonic() + 60
-            while not broker.servers():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"the worker did not start (log {log_dir}/worker.log)")
-                time.sleep(0.05)
             producer = subprocess.Popen([sys.executable, "-c", PRODUCE, str(rate), str(n), handler], env=env,
                                         stdout=log, stderr=log)
             while not metrics.get("peers:done"):  # the warm-up job ran
@@ -106,21 +97,14 @@ def main() -> int:
     ap.add_argument("--src", action="append", help="a checkout's src directory (default: this one's)")
     ap.add_argument("--handler", choices=tuple(APPS), default="sync", help="the peer body in a def or async def")
     args = ap.parse_args()
-    srcs = args.src or [os.path.join(ROOT, "src")]
-    with tempfile.TemporaryDirectory(prefix="rf-wake-") as tmp:
-        server = EmbeddedRedis(tmp, port=free_port()).start()
-        try:
-            for n in range(args.rounds):
-                for src in srcs:
-                    load = os.getloadavg()[0]
-                    r = run(src, args.handler, args.rate, args.seconds, server.url, tmp)
-                    print(f"round {n + 1} {src}: p50 {r['p50']:.2f} p90 {r['p90']:.2f} p99 {r['p99']:.2f} "
-                          f"max {r['max']:.1f} ms; per job {r['cpu_us']:,.0f} µs worker CPU, "
-                          f"{r['switches']:.1f} switches, {r['scripts']:.2f} script calls, "
-                          f"{r['commands']:.1f} Redis commands (load {load:.2f})",
-                          flush=True)
-        finally:
-            server.stop()
+
+    def one(src: str, url: str, tmp: str) -> str:
+        r = run(src, args.handler, args.rate, args.seconds, url, tmp)
+        return (f"p50 {r['p50']:.2f} p90 {r['p90']:.2f} p99 {r['p99']:.2f} max {r['max']:.1f} ms; per job "
+                f"{r['cpu_us']:,.0f} µs worker CPU, {r['switches']:.1f} switches, {r['scripts']:.2f} script calls, "
+                f"{r['commands']:.1f} Redis commands")
+
+    alternate(args.src, args.rounds, "rf-wake-", one)
     return 0
 
 
