@@ -337,7 +337,8 @@ async def test_broker_transitions_and_wake_ups(url: str) -> None:
         assert b.run(b.acquire_slot("task", "t", 1, "j9", b.clock() + 5000))
         waker = Waker(b, "w1", ["q2"])
         await waker.start()
-        await waker.mark_idle(10)
+        # An empty fetch marks the worker idle in its queue (fetch.lua), as a worker going to sleep does.
+        assert await b.arun(b.fetch_marking("q2", 1, b.clock() + 5000, "t3", "w1", b.clock() + 10_000)) == ([], True)
         await waker.wait(0.2)  # reads the subscription's confirmation
 
         async def woken() -> float:

@@ -221,10 +221,7 @@ class Client:
         args = task.codec.encode(payload)
         now = ready.clock_ms()
         name, version = task.options.name, task.codec.version
-        try:  # JobSpec.encode's bytes for a spec without options
-            spec = orjson.dumps({"t": name, "v": version, "e": now, "a": args})
-        except TypeError:
-            spec = JobSpec(task=name, args=args, enqueued_ms=now, version=version).encode()  # raises PayloadError
+        spec = JobSpec.plain(name, args, now, version)
         cap = self.app.max_payload_bytes
         if cap is not None and len(spec) > cap:
             self._check_size(task, spec)

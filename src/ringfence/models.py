@@ -77,6 +77,15 @@ class JobSpec:
         except TypeError as exc:
             raise PayloadError(_explain_unserialisable(self.task, self.args, exc)) from exc
 
+    @staticmethod
+    def plain(task: str, args: dict[str, Any], enqueued_ms: float, version: int) -> bytes:
+        """``JobSpec(task, args, enqueued_ms, version).encode()`` for a spec without options, without building one:
+        a plain enqueue's bytes (client.py), the same record."""
+        try:
+            return orjson.dumps({"t": task, "v": version, "e": enqueued_ms, "a": args})
+        except TypeError:
+            return JobSpec(task=task, args=args, enqueued_ms=enqueued_ms, version=version).encode()  # names the field
+
     @classmethod
     def decode(cls, raw: bytes | str) -> JobSpec:
         """Decode a stored spec; :class:`BadRecord` names the field and the type of a value that breaks the

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
-from redis.exceptions import OutOfMemoryError
 
 from ringfence.redis.broker import Broker
 from ringfence.redis.keys import QueueKeys
@@ -34,16 +33,6 @@ class Waker:
             await self._pubsub.ssubscribe(*[k.wake for k in self.queue_keys])
         else:
             await self._pubsub.subscribe(*[k.wake for k in self.queue_keys])
-
-    async def mark_idle(self, until_s: float) -> None:
-        now = self.broker.clock()
-        async with self.broker.aio.pipeline(transaction=False) as p:
-            for k in self.queue_keys:
-                p.zremrangebyscore(k.idle, "-inf", now)  # marks of workers that died asleep
-                p.zadd(k.idle, {self.worker_id: now + int(until_s * 1000)})
-            # Redis full: left unmarked, this worker looks for jobs after every wait instead of being woken.
-            with contextlib.suppress(OutOfMemoryError):
-                await p.execute()
 
     async def mark_busy(self) -> None:
         async with self.broker.aio.pipeline(transaction=False) as p:
