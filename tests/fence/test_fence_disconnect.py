@@ -13,6 +13,7 @@ statements go out on driver connections it keeps (``fence/direct.py``, hooked by
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,12 +22,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from fence_helpers import Backend, OwnerFactory, Provider
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from ringfence.errors import InDoubt
 from ringfence.fence import NOT_HAPPENED, Fences, FenceState, FenceStore, Owner
-from ringfence.fence.dbretry import make_engine
-from support import async_url
+from ringfence.fence.dbretry import is_disconnect, make_engine
+from support import DATABASES, async_url
 
 
 class Killer:
@@ -371,3 +373,23 @@ def test_a_kept_completion_connection_that_died_is_replaced(backend: Backend, ri
     row = store.get(subject, "charge")
     assert row is not None and row.state is FenceState.COMPLETED and row.reference == ref
     assert orders_of(backend, subject) == [ref] and len(provider.calls) == 2
+
+
+def test_a_socket_closed_under_psycopg_counts_as_a_disconnect() -> None:
+    """psycopg says "connection socket closed" when the socket is gone under it. Not counted as a disconnect, the
+    connection went to a ROLLBACK that psycopg refuses ("another command is already in progress"), and the fence
+    write failed instead of running again on a new connection (seen once in CI, at the 'effected' write)."""
+    url = DATABASES["postgresql"]
+    assert url is not None
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+            os.close(conn.connection.driver_connection.pgconn.socket)  # type: ignore[union-attr]
+            with pytest.raises(DBAPIError) as caught:
+                conn.execute(sa.text("SELECT 1"))
+            assert "connection socket closed" in str(caught.value.orig) and is_disconnect(caught.value)
+        with engine.connect() as conn:  # the pool replaced it
+            assert conn.execute(sa.text("SELECT 1")).scalar() == 1
+    finally:
+        engine.dispose()

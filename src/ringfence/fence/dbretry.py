@@ -35,8 +35,11 @@ T = TypeVar("T")
 # PostgreSQL SQLSTATEs that mean "this connection is gone": class 08 (connection exception) and the
 # operator-intervention codes (pg_terminate_backend, a shutdown, a server not accepting connections yet).
 _PG_GONE = ("08", "57P01", "57P02", "57P03")
-# libpq's own words for a socket the server closed (no SQLSTATE: the client noticed).
-_PG_GONE_TEXT = ("server closed the connection unexpectedly", "consuming input failed", "connection is lost")
+# libpq's and psycopg's own words for a socket that was closed (no SQLSTATE: the client noticed). Unflagged,
+# "connection socket closed" left the connection to a ROLLBACK that psycopg refuses ("another command is already
+# in progress"), and the write was not retried.
+_PG_GONE_TEXT = ("server closed the connection unexpectedly", "consuming input failed", "connection is lost",
+                 "connection socket closed")
 
 
 @dataclass(frozen=True)
