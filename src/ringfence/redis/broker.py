@@ -28,7 +28,7 @@ from ringfence.redis.connection import (
     full_error,
     url_clients,
 )
-from ringfence.redis.direct import DirectCalls
+from ringfence.redis.direct import AsyncDirectCalls, DirectCalls
 from ringfence.redis.keys import INLINE_MAX_BYTES, Keys
 from ringfence.redis.reads import Reads
 from ringfence.redis.ready import ReadyEnqueue
@@ -105,6 +105,8 @@ class Broker(Reads, Admin):
         self._aio: aioredis.Redis | None = None
         self._direct: DirectCalls | None = None
         self._direct_checked = False  # is the sync client a plain one (redis/direct.py)? asked once
+        self._adirect: AsyncDirectCalls | None = None
+        self._adirect_checked = False  # the same for the asyncio client
 
     def precise_ms(self) -> float:
         """Now in ms with µs precision (the injected clock as is, when one was given)."""
@@ -176,6 +178,13 @@ class Broker(Reads, Admin):
             self._direct_checked = True
         return self._direct
 
+    def adirect(self) -> AsyncDirectCalls | None:
+        """The asyncio client's kept connections (direct.py); None when it is not a plain client."""
+        if not self._adirect_checked:
+            self._adirect = AsyncDirectCalls(self.aio) if AsyncDirectCalls.usable(self.aio) else None
+            self._adirect_checked = True
+        return self._adirect
+
     def ready_enqueue(self, queue: str) -> ReadyEnqueue | None:
         """``enqueue`` + ``run`` of one job ready now, generated id, no unique key and an inline-sized spec, packed
         ahead (ready.py); None on a client that is not plain (Cluster, Sentinel, a custom one)."""
@@ -208,11 +217,14 @@ class Broker(Reads, Admin):
             if self._shebang is None:
                 self._shebang = await _acompiles(self.aio.eval(PROBE, 0))
             source, sha = script(call.name).for_server(self._shebang, self.cluster)
+            direct = self._adirect if self._adirect_checked else self.adirect()
             try:
-                raw = await self.aio.evalsha(sha, len(call.keys), *call.keys, *call.args)
+                raw = (await direct.call("EVALSHA", sha, len(call.keys), *call.keys, *call.args) if direct is not None
+                       else await self.aio.evalsha(sha, len(call.keys), *call.keys, *call.args))
             except NoScriptError:
                 await self.aio.script_load(source)
-                raw = await self.aio.evalsha(sha, len(call.keys), *call.keys, *call.args)
+                raw = (await direct.call("EVALSHA", sha, len(call.keys), *call.keys, *call.args) if direct is not None
+                       else await self.aio.evalsha(sha, len(call.keys), *call.keys, *call.args))
         except OutOfMemoryError as exc:
             raise full_error(_shown(call.name), await self._anode_memory(call.keys[0] if call.keys else "")) from exc
         except UNAVAILABLE as exc:
@@ -222,6 +234,9 @@ class Broker(Reads, Admin):
         return call.parse(raw)
 
     async def aclose(self) -> None:
+        if self._adirect is not None:
+            await self._adirect.close()
+        self._adirect, self._adirect_checked = None, False
         if self._aio is not None:
             await self._aio.aclose()
             self._aio = None

@@ -13,15 +13,19 @@ a timeout (the script may have run); a connection that failed mid-command is clo
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import time
 from typing import Any
 
 import hiredis
 import redis
-from redis._parsers.hiredis import NOT_ENOUGH_DATA, _HiredisParser
+import redis.asyncio as aioredis
+from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser, _HiredisParser
 
 _CLOSED = "Connection closed by server."
+_HIGH_WATER = 1 << 16  # bytes left in a transport's buffer past which a write waits for it to drain
 _PUSH = getattr(hiredis, "PushNotification", None)  # hiredis >= 3.2 marks RESP3 push messages
 _ERRORS = (redis.ResponseError, redis.ConnectionError)  # replies that hiredis hands back as exceptions
 _forks = [0]  # forks of this process so far, counted in the child (cheaper than a getpid system call per call)
@@ -113,3 +117,92 @@ class DirectCalls:
         for conn in free:
             conn.disconnect()
 
+
+
+class AsyncDirectCalls:
+    """The same for the asyncio client (the worker's fetch and ack scripts): ``Redis.evalsha`` there costs a
+    pool checkout, a retry closure and an ``asyncio.wait_for`` Task per write, all on the loop while it holds
+    the GIL the job threads wait for (docs/benchmarks.md, "Fifth pass: the sync drain"). Here a call writes the
+    packed command to a kept connection's transport and reads the reply with its own hiredis reader, under one
+    ``asyncio.timeout`` of the connection's ``socket_timeout``. Same fallbacks and retry rules as above; a
+    call cancelled mid-command (shutdown) closes its connection."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self.pool = client.connection_pool
+        self._free: list[Any] = []
+
+    @staticmethod
+    def usable(client: Any) -> bool:
+        """Only a plain client on a plain pool (as ``DirectCalls.usable``)."""
+        return (type(client) is aioredis.Redis and getattr(client, "connection", None) is None
+                and type(client.connection_pool) in (aioredis.ConnectionPool, aioredis.BlockingConnectionPool))
+
+    async def call(self, *args: Any) -> Any:
+        try:
+            packed = hiredis.pack_command(args)
+        except TypeError as exc:
+            raise redis.DataError(exc) from None
+        free = self._free
+        conn = free.pop() if free else self.pool.make_connection()  # one call per connection at a time
+        try:
+            for attempt in (0, 1):
+                try:
+                    return await self._round_trip(conn, packed)
+                except redis.ConnectionError:
+                    await conn.disconnect(nowait=True)  # the next call reconnects
+                    if attempt:
+                        raise
+        except redis.ResponseError:
+            raise  # an error reply: the connection is clean
+        except BaseException:
+            await _disconnect(conn)  # a timeout or a cancellation mid-command: the reply may still be on its way
+            raise
+        finally:
+            free.append(conn)
+        raise AssertionError("unreachable")
+
+    async def _round_trip(self, conn: Any, packed: bytes) -> Any:
+        parser, writer = conn._parser, conn._writer
+        interval = conn.health_check_interval
+        now = asyncio.get_running_loop().time() if interval else 0.0
+        if (writer is None or conn._reader is None or (interval and now > conn.next_health_check)
+                or type(parser) is not _AsyncHiredisParser or (_PUSH is None and conn.protocol not in (2, "2"))):
+            # Not connected, idle past the health-check interval, no hiredis, or RESP3 with an old hiredis:
+            # redis-py's own send and read (they connect, PING, handle pushes).
+            await conn.send_packed_command(packed)
+            return await conn.read_response()
+        reader, stream = parser._reader, conn._reader
+        try:
+            async with asyncio.timeout(conn.socket_timeout):
+                writer.write(packed)
+                if writer.transport.get_write_buffer_size() > _HIGH_WATER:
+                    await writer.drain()
+                reply = reader.gets()
+                while reply is NOT_ENOUGH_DATA:
+                    data = await stream.read(65536)
+                    if not data:
+                        raise redis.ConnectionError(_CLOSED)
+                    reader.feed(data)
+                    reply = reader.gets()
+        except TimeoutError:
+            raise redis.TimeoutError("Timeout talking to Redis") from None
+        except OSError as exc:
+            raise redis.ConnectionError(f"Error while talking to Redis: {exc}") from None
+        if _PUSH is not None and type(reply) is _PUSH:  # RESP3: a push message came first
+            await parser.handle_push_response(reply)
+            return await conn.read_response()
+        if interval:
+            conn.next_health_check = now + interval
+        if isinstance(reply, _ERRORS):
+            raise reply
+        return reply
+
+    async def close(self) -> None:
+        free, self._free = self._free, []
+        for conn in free:
+            await _disconnect(conn)
+
+
+async def _disconnect(conn: Any) -> None:
+    with contextlib.suppress(Exception):
+        await conn.disconnect(nowait=True)
