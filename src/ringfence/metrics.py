@@ -72,6 +72,7 @@ class Metrics:
         self._lock = threading.Lock()
         self._recent: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=200))
         self._children: dict[tuple[str, str], tuple[Any, Any, Any, Any]] = {}  # labels() costs µs per call
+        self._outcomes: dict[tuple[str, str, str], Any] = {}  # the finished counter's child per outcome
 
     def _for(self, task: str, queue: str) -> tuple[Any, Any, Any, Any]:
         found = self._children.get((task, queue))
@@ -92,10 +93,13 @@ class Metrics:
     def job_finished(self, task: str, queue: str, outcome: str, duration_s: float) -> None:
         """An attempt's outcome was recorded. ``outcome`` ∈ ack, retry, dead, requeue (a lost lease records
         nothing: do not call). ``duration_s``: handler start to outcome."""
-        if outcome not in OUTCOMES:
-            raise ValueError(f"outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
+        finished = self._outcomes.get((task, queue, outcome))
+        if finished is None:
+            if outcome not in OUTCOMES:
+                raise ValueError(f"outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
+            finished = self._outcomes[(task, queue, outcome)] = self.finished.labels(task, queue, outcome)
         _, _, duration, failed = self._for(task, queue)
-        self.finished.labels(task, queue, outcome).inc()
+        finished.inc()
         if outcome in ("retry", "dead"):
             failed.inc()
         duration.observe(max(0.0, duration_s))

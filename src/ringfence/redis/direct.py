@@ -134,7 +134,7 @@ class AsyncDirectCalls:
     @staticmethod
     def usable(client: Any) -> bool:
         """Only a plain client on a plain pool (as ``DirectCalls.usable``)."""
-        return (type(client) is aioredis.Redis and getattr(client, "connection", None) is None
+        return (type(client) is aioredis.Redis and not getattr(client, "single_connection_client", True)
                 and type(client.connection_pool) in (aioredis.ConnectionPool, aioredis.BlockingConnectionPool))
 
     async def call(self, *args: Any) -> Any:
@@ -143,7 +143,8 @@ class AsyncDirectCalls:
         except TypeError as exc:
             raise redis.DataError(exc) from None
         free = self._free
-        conn = free.pop() if free else self.pool.make_connection()  # one call per connection at a time
+        # One call per connection at a time (a connection left the free list while its call runs).
+        conn = free.pop() if free else self.pool.make_connection()  # type: ignore[no-untyped-call]
         try:
             for attempt in (0, 1):
                 try:
@@ -171,7 +172,8 @@ class AsyncDirectCalls:
             # redis-py's own send and read (they connect, PING, handle pushes).
             await conn.send_packed_command(packed)
             return await conn.read_response()
-        reader, stream = parser._reader, conn._reader
+        reader: Any = parser._reader
+        stream = conn._reader
         try:
             async with asyncio.timeout(conn.socket_timeout):
                 writer.write(packed)
@@ -189,7 +191,7 @@ class AsyncDirectCalls:
         except OSError as exc:
             raise redis.ConnectionError(f"Error while talking to Redis: {exc}") from None
         if _PUSH is not None and type(reply) is _PUSH:  # RESP3: a push message came first
-            await parser.handle_push_response(reply)
+            await parser.handle_push_response(reply)  # type: ignore[no-untyped-call]
             return await conn.read_response()
         if interval:
             conn.next_health_check = now + interval
