@@ -142,11 +142,15 @@ def test_each_protocol_and_parser_gives_the_same_replies(server: EmbeddedRedis, 
         big = b"x" * 200_000  # a reply larger than one read
         await direct.call("SET", "adirect-big", big)
         assert await direct.call("GET", "adirect-big") == big
+        huge = b"y" * 8_000_000  # more than the socket takes at once: the transport writes the rest, in order
+        sets = direct.call("SET", "adirect-huge", huge)
+        assert await asyncio.gather(sets, direct.call("GET", "adirect-big")) == [b"OK", big]  # two connections
+        assert await direct.call("STRLEN", "adirect-huge") == 8_000_000
         with pytest.raises(redis.ResponseError):
             await direct.call("LPUSH", "adirect-big", "x")  # WRONGTYPE: the connection stays
         with pytest.raises(redis.DataError):
             await direct.call("SET", "adirect-k", object())
-        assert len(direct._free) == 1  # one connection did all of it
+        assert len(direct._free) == 2  # one connection did all of it but the GET sent beside the SET
         await direct.close()
 
     asyncio.run(go())

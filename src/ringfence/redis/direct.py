@@ -130,6 +130,7 @@ class AsyncDirectCalls:
     def __init__(self, client: aioredis.Redis) -> None:
         self.pool = client.connection_pool
         self._free: list[Any] = []
+        self._fds: dict[int, tuple[Any, int]] = {}  # id(connection) -> (its writer, its socket's fd or -1)
 
     @staticmethod
     def usable(client: Any) -> bool:
@@ -176,7 +177,7 @@ class AsyncDirectCalls:
         stream = conn._reader
         try:
             async with asyncio.timeout(conn.socket_timeout):
-                writer.write(packed)
+                self._write(conn, writer, packed)
                 if writer.transport.get_write_buffer_size() > _HIGH_WATER:
                     await writer.drain()
                 reply = reader.gets()
@@ -199,8 +200,30 @@ class AsyncDirectCalls:
             raise reply
         return reply
 
+    def _write(self, conn: Any, writer: Any, packed: bytes) -> None:
+        """Write ``packed`` to the socket with the GIL released (``os.write``), the job threads running meanwhile;
+        the transport's ``write`` (uvloop) makes the same system call holding it. A TLS connection, a transport
+        with bytes still queued, or a full socket buffer: the transport writes (the rest), in order."""
+        found = self._fds.get(id(conn))
+        if found is None or found[0] is not writer:  # a new connection, or this one reconnected
+            transport = writer.transport
+            sock = transport.get_extra_info("socket")
+            fd = sock.fileno() if sock is not None and transport.get_extra_info("sslcontext") is None else -1
+            found = self._fds[id(conn)] = (writer, fd)
+        fd, transport = found[1], writer.transport
+        n = 0
+        # A closing transport may have closed its fd already (and the number been reused): never write to it.
+        if fd >= 0 and not transport.is_closing() and not transport.get_write_buffer_size():
+            try:
+                n = os.write(fd, packed)
+            except BlockingIOError:
+                n = 0
+        if n < len(packed):
+            writer.write(packed[n:] if n else packed)
+
     async def close(self) -> None:
         free, self._free = self._free, []
+        self._fds.clear()
         for conn in free:
             await _disconnect(conn)
 
