@@ -151,3 +151,11 @@ async def test_a_call_finished_while_others_wait_is_settled_by_the_poller_not_he
     assert not held.done() and time.monotonic() - t0 < 0.5
     assert await held.future == "slow"
     runner.close()
+
+
+async def test_short_calls_run_on_one_thread_until_one_waits_for_a_thread() -> None:
+    runner = SyncRunner(10, grow_after_s=60)  # no growth: the thread count is the starting one
+    runs = [runner.submit(lambda n=n: n, (), {}) for n in range(10)]  # a fetched batch, submitted at once
+    assert [await r.future for r in runs] == list(range(10))
+    assert len(runner._threads) == 1
+    runner.close()

@@ -131,9 +131,10 @@ class SyncRunner:
     It starts ``first_threads`` threads and adds one, up to ``max_threads`` (one per slot), whenever a call has
     waited ``grow_after_s`` while no thread took any: slow handlers soon get a thread each, while short ones
     are run by a few threads, which take the GIL from each other less often than one per slot would
-    (docs/benchmarks.md, "Third pass: the sync drain")."""
+    (docs/benchmarks.md, "Third pass: the sync drain"). One thread to start: with the loop's writes made
+    without the GIL, a second one cost more CPU per peer job than it overlapped ("Fifth pass: the sync drain")."""
 
-    def __init__(self, max_threads: int, name: str = "ringfence-job", *, first_threads: int = 2,
+    def __init__(self, max_threads: int, name: str = "ringfence-job", *, first_threads: int = 1,
                  grow_after_s: float = 0.005) -> None:
         self.max_threads = max_threads
         self.first_threads = min(first_threads, max_threads)
