@@ -118,7 +118,6 @@ class DirectCalls:
             conn.disconnect()
 
 
-
 class AsyncDirectCalls:
     """The same for the asyncio client (the worker's fetch and ack scripts): ``Redis.evalsha`` there costs a
     pool checkout, a retry closure and an ``asyncio.wait_for`` Task per write, all on the loop while it holds
@@ -151,7 +150,7 @@ class AsyncDirectCalls:
                 try:
                     return await self._round_trip(conn, packed)
                 except redis.ConnectionError:
-                    await conn.disconnect(nowait=True)  # the next call reconnects
+                    await _disconnect(conn)  # the next call reconnects
                     if attempt:
                         raise
         except redis.ResponseError:
