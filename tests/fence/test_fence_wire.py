@@ -349,3 +349,52 @@ def test_an_unused_completion_connection_is_kept_for_the_next_one(url_store: Fen
     kept = list(spares.conns)
     url_store.engine.dispose()
     assert not spares.conns and all(c.closed for c in kept)
+
+
+async def test_an_async_completion_of_the_store_engine_creates_no_async_generator(
+        backend: Backend, subject: str, provider: Provider, make_owner: OwnerFactory) -> None:
+    """``async with step.complete(engine)`` of the store's own engine on the loop (the path of every async fenced
+    job) is plain classes: no async generator is created for the completion (four nested ones cost more CPU than
+    its own Python). A block that writes still completes in one transaction with its write."""
+    import sys
+
+    import sqlalchemy as sa
+
+    if backend.name != "postgresql":
+        pytest.skip("the store's statements run on the loop with psycopg only")
+    store = FenceStore(backend.url, table_name=backend.store.table.name)
+    orders = backend.orders
+    made: list[Any] = []
+    old = sys.get_asyncgen_hooks()
+
+    def firstiter(agen: Any) -> None:
+        made.append(agen)
+        if old.firstiter is not None:
+            old.firstiter(agen)
+
+    async def job(s: str, write: bool) -> None:
+        async with Fences(store, make_owner()).open(s, "charge", params={"amount": 5}) as step:
+            ref = await step.effect(lambda: provider.charge(5, idempotency_key=step.key))
+            sys.set_asyncgen_hooks(firstiter=firstiter, finalizer=old.finalizer)
+            try:
+                async with step.complete(store.engine, result={"ref": ref}) as conn:
+                    if write:
+                        conn.execute(orders.insert().values(id=s, charge_id=ref))
+            finally:
+                sys.set_asyncgen_hooks(*old)
+
+    try:
+        await job(f"{subject}-warm", False)  # keeps its completion connection for the next one
+        await job(subject, False)
+        await job(f"{subject}-w", True)
+        assert made == []
+        for s in (subject, f"{subject}-w"):
+            row = store.get(s, "charge")
+            assert row is not None and row.state is FenceState.COMPLETED
+        with store.engine.connect() as c:
+            assert c.execute(sa.select(orders.c.charge_id).where(orders.c.id == f"{subject}-w")).scalar()
+        astore = store.async_store()
+        assert astore is not None
+        await astore.aclose()
+    finally:
+        store.engine.dispose()

@@ -314,7 +314,7 @@ async def _sync_db(db: Any, stmt: Bound, dialect: Dialect, stale: Stale, retry: 
                    aalone: Callable[[], Awaitable[None]] | None) -> AsyncIterator[Any]:
     """:func:`async_completion` with a sync ``db``."""
     if isinstance(db, Engine) and alone is not None and aalone is not None:
-        async with _alone_on_loop(db, stmt, dialect, stale, retry, committed, aalone) as conn:
+        async with AloneOnLoop(db, stmt, stale, retry, committed, aalone) as conn:
             yield conn
         return
     sync = sync_completion(db, stmt, dialect, stale, retry, committed, alone)
@@ -326,30 +326,52 @@ async def _sync_db(db: Any, stmt: Bound, dialect: Dialect, stale: Stale, retry: 
             yield conn
 
 
-@asynccontextmanager
-async def _alone_on_loop(db: Engine, stmt: Bound, dialect: Dialect, stale: Stale, retry: DbRetry,
-                         committed: Committed | None, aalone: Callable[[], Awaitable[None]]) -> AsyncIterator[Any]:
+class AloneOnLoop:
     """The store's own sync Engine in an ``async with``: the connection is a spare one an earlier block left unused
     (taken on the loop: no I/O) or is checked out in a thread; a block that sent nothing gives it back on the loop
-    (no I/O: nothing is open on it) and completes with the store's async statement, with no second thread hop. A
-    block that wrote commits in a thread, as before."""
-    needed: list[bool] = []
-    spare = take_spare(db)  # a connection kept from an earlier completion: no I/O to enter, no thread hop
-    sync = lazy_completion(db, lambda c: first_statement(c, stmt), stale, retry, lambda: needed.append(True),
-                           committed, _confirm, restore_autocommit, spare)
-    conn = sync.__enter__() if spare is not None else await asyncio.to_thread(sync.__enter__)
-    try:
-        yield conn
-    except BaseException as exc:
-        if not await asyncio.to_thread(sync.__exit__, type(exc), exc, exc.__traceback__):
-            raise
-        return
-    if not unsent(conn):
-        await asyncio.to_thread(sync.__exit__, None, None, None)
-        return
-    sync.__exit__(None, None, None)  # gives the connection back and asks for the completion alone
-    if needed:
-        await aalone()
+    (no I/O: nothing is open on it) and completes with the store's async statement (``aalone``), with no second
+    thread hop. A block that wrote commits in a thread, as before. With ``table``, a failure to begin is explained
+    as :func:`anaming_databases` does.
+
+    A class, not nested ``asynccontextmanager``s: this is the path of every ``async with step.complete(engine)``
+    on the store's own engine, and four nested async generators cost more CPU than the rest of the completion."""
+
+    __slots__ = ("aalone", "committed", "conn", "db", "fence_db", "needed", "retry", "stale", "stmt", "sync", "table")
+
+    def __init__(self, db: Engine, stmt: Bound, stale: Stale, retry: DbRetry, committed: Committed | None,
+                 aalone: Callable[[], Awaitable[None]], table: str | None = None, fence_db: str = "") -> None:
+        self.db, self.stmt, self.stale, self.retry, self.committed = db, stmt, stale, retry, committed
+        self.aalone, self.table, self.fence_db = aalone, table, fence_db
+        self.needed = False
+
+    def _needed(self) -> None:
+        self.needed = True
+
+    async def __aenter__(self) -> Connection:
+        db, stmt = self.db, self.stmt
+        try:
+            spare = take_spare(db)  # a connection kept from an earlier completion: no I/O, no thread hop
+            self.sync = sync = lazy_completion(db, lambda c: first_statement(c, stmt), self.stale, self.retry,
+                                               self._needed, self.committed, _confirm, restore_autocommit, spare)
+            self.conn = sync.__enter__() if spare is not None else await asyncio.to_thread(sync.__enter__)
+        except Exception as exc:
+            wrong = None if self.table is None else _wrong_database(exc, db, self.table, self.fence_db)
+            if wrong is None:
+                raise
+            raise wrong from exc
+        return self.conn
+
+    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        sync = self.sync
+        if et is not None:
+            return bool(await asyncio.to_thread(sync.__exit__, et, exc, tb))
+        if not unsent(self.conn):
+            await asyncio.to_thread(sync.__exit__, None, None, None)
+            return False
+        sync.__exit__(None, None, None)  # gives the connection back and asks for the completion alone
+        if self.needed:
+            await self.aalone()
+        return False
 
 
 async def _abegin(db: Any, stmt: Bound, stale: Stale) -> tuple[Any, Any]:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
@@ -253,8 +253,7 @@ class AsyncStep(_StepView):
             return await core.afinish_effect(a, value, reference)
         return await asyncio.to_thread(core.finish_effect, value, reference)
 
-    @asynccontextmanager
-    async def complete(self, db: Any, result: Any = None) -> AsyncIterator[Any]:
+    def complete(self, db: Any, result: Any = None) -> AbstractAsyncContextManager[Any]:
         """Async :meth:`Step.complete` for AsyncEngine, AsyncConnection or AsyncSession.
 
         A sync SQLAlchemy ``db`` (Engine, Connection, Session) also works: the fence's own
@@ -262,10 +261,28 @@ class AsyncStep(_StepView):
         to its thread) runs them on the loop's thread.
         """
         core = self._core
-        async with core.store.acompletion(db, core.subject, core.step, *core.completion_args(result),
-                                          **core.completion_states()) as conn:
-            yield conn
-        core.completed = True
+        return _Completing(core, core.store.acompletion(db, core.subject, core.step, *core.completion_args(result),
+                                                        **core.completion_states()))
+
+
+class _Completing:
+    """``async with step.complete(db)``: the store's completion, then the step is completed (a class: no async
+    generator on every async fenced job)."""
+
+    __slots__ = ("core", "inner")
+
+    def __init__(self, core: Core, inner: AbstractAsyncContextManager[Any]) -> None:
+        self.core, self.inner = core, inner
+
+    async def __aenter__(self) -> Any:
+        return await self.inner.__aenter__()
+
+    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool:
+        suppressed = bool(await self.inner.__aexit__(et, exc, tb))
+        if et is None or suppressed:
+            self.core.completed = True
+        return suppressed
 
 
 def _async_store(store: Any) -> Any:

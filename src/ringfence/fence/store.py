@@ -381,8 +381,12 @@ class FenceStore:
         stmt = self.complete_statement(subject, step, epoch, result, states)
         alone = self._alone(db, subject, step, epoch, result, states)
         astore = self.async_store() if alone is not None else None
-        inner = _complete.async_completion(db, stmt, self.engine.dialect,
-                                           lambda: _fenced_out(subject, step, epoch, states), self.retry,
+        stale = lambda: _fenced_out(subject, step, epoch, states)  # noqa: E731
+        if alone is not None and astore is not None:  # the store's own engine on the loop: the common path, flat
+            return _complete.AloneOnLoop(db, stmt, stale, self.retry, self._committed(subject, step, epoch, result),
+                                         lambda: astore.complete(subject, step, epoch, result, states),
+                                         self.table.name, self._url())
+        inner = _complete.async_completion(db, stmt, self.engine.dialect, stale, self.retry,
                                            self._committed(subject, step, epoch, result), alone,
                                            None if astore is None else
                                            lambda: astore.complete(subject, step, epoch, result, states))
