@@ -26,6 +26,7 @@ from typing import Any, Final
 from ..errors import ConfigError, ReconcileTimeout
 from ..offloop import call_off_loop
 from .core import RECONCILE, Core, NotHappened
+from .hop import HOP
 from .model import FenceBackend, Owner
 
 __all__ = ["NOT_HAPPENED", "AsyncStep", "FenceContext", "Fences", "Owner", "Step", "StepOptions"]
@@ -239,11 +240,12 @@ class AsyncStep(_StepView):
             value = await fn()
         else:
             # A sync fn runs in a thread anyway: calling, the call and the record share that one hop (the sync
-            # statements cost less CPU than the async ones; a stored reference needs no hop at all).
+            # statements cost less CPU than the async ones; a stored reference needs no hop at all). hop.py: half
+            # the CPU of asyncio.to_thread's hop.
             stored = core.plan_effect(request)[0] if a is not None else None
             if stored is not None:
                 return stored
-            stored, value = await asyncio.to_thread(_sync_effect, core, fn, request, reference)
+            stored, value = await HOP.run(_sync_effect, core, fn, request, reference)
             if stored is not None:
                 return stored
             if not inspect.isawaitable(value):

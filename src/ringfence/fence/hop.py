@@ -1,0 +1,89 @@
+"""The thread hop of a sync effect in an ``async with`` fence, cheaper than ``asyncio.to_thread``.
+
+A ``def`` effect may block, so it never runs on the loop. ``asyncio.to_thread`` costs about twice the CPU of the
+hop itself (the executor's ``concurrent.futures.Future``, chaining it to an asyncio future, the executor's
+thread accounting): on a fenced no-op job that was a tenth of the job. Here a call is a tuple on a queue and its
+answer one ``call_soon_threadsafe``. Semantics are ``to_thread``'s: the caller's context variables, the call's
+exception raised in the caller, a cancelled caller stops waiting while the call runs on.
+
+A call never waits behind another: each one takes an idle thread, or starts one when none is idle (an effect
+that blocks for minutes holds its thread only). At most ``MAX_IDLE`` threads stay idle; the rest end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import queue
+import threading
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+MAX_IDLE = 8
+
+_Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", contextvars.Context, Callable[..., Any],
+              tuple[Any, ...]]
+
+
+class Hop:
+    """Threads that run blocking calls for coroutines (one process-wide instance: :data:`HOP`)."""
+
+    def __init__(self, name: str = "ringfence-effect") -> None:
+        self.name = name
+        self._calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0  # threads waiting for a call that no caller has reserved yet
+        self._started = 0
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``await asyncio.to_thread(fn, *args)``, on one of these threads."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        with self._lock:
+            start = self._idle == 0
+            if start:
+                self._started += 1
+                name = f"{self.name}_{self._started}"
+            else:
+                self._idle -= 1  # reserved: an idle thread takes this call
+        if start:
+            threading.Thread(target=self._work, name=name, daemon=True).start()
+        self._calls.put((loop, fut, contextvars.copy_context(), fn, args))
+        return await fut
+
+    def _work(self) -> None:
+        calls = self._calls
+        while True:
+            loop, fut, ctx, fn, args = calls.get()
+            try:
+                value = ctx.run(fn, *args)
+            except BaseException as exc:  # raised in the caller, as to_thread does
+                _answer(loop, fut, None, exc)
+            else:
+                _answer(loop, fut, value, None)
+            del fut, fn, args, ctx, loop  # nothing of the call outlives it while idle
+            with self._lock:
+                if self._idle >= MAX_IDLE:
+                    return
+                self._idle += 1
+
+
+def _answer(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
+    with suppress(RuntimeError):  # the loop closed while the call ran: nobody waits for it
+        loop.call_soon_threadsafe(_settle, fut, value, exc)
+
+
+def _settle(fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
+    if fut.done():  # the caller was cancelled
+        return
+    if exc is None:
+        fut.set_result(value)
+    elif isinstance(exc, StopIteration):  # a future refuses it (to_thread would never answer)
+        fut.set_exception(RuntimeError(f"the effect raised {exc!r}"))
+    else:
+        fut.set_exception(exc)
+
+
+HOP = Hop()

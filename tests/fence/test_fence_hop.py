@@ -1,0 +1,101 @@
+"""The thread hop of a sync effect in an ``async with`` fence (fence/hop.py): to_thread's semantics at less CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import time
+
+import pytest
+from fence_helpers import Backend, OwnerFactory, Provider
+
+from ringfence.fence import Fences, FenceState
+from ringfence.fence.hop import MAX_IDLE, Hop
+
+where: contextvars.ContextVar[str] = contextvars.ContextVar("where", default="unset")
+
+
+async def test_a_sync_effect_runs_on_the_fence_hop_and_the_step_completes(
+        backend: Backend, subject: str, provider: Provider, make_owner: OwnerFactory) -> None:
+    seen: list[str] = []
+
+    def charge() -> str:
+        seen.append(threading.current_thread().name)
+        return provider.charge(5, idempotency_key="k")
+
+    async with Fences(backend.store, make_owner()).open(subject, "charge", params={"amount": 5}) as step:
+        ref = await step.effect(charge)
+        async with step.complete(backend.store.engine, result={"ref": ref}):
+            pass
+    assert seen and seen[0].startswith("ringfence-effect_")  # not the loop's default executor (asyncio_N)
+    row = backend.store.get(subject, "charge")
+    assert row is not None and row.state is FenceState.COMPLETED and row.reference == ref
+
+
+async def test_a_blocking_effect_never_delays_another(backend: Backend, subject: str, provider: Provider,
+                                                      make_owner: OwnerFactory) -> None:
+    """Effect A blocks until effect B has run: B must get a thread of its own while A holds one."""
+    b_ran = threading.Event()
+
+    def a() -> str:
+        assert b_ran.wait(10), "B waited behind A"
+        return "ref-a"
+
+    def b() -> str:
+        b_ran.set()
+        return "ref-b"
+
+    async def job(s: str, fn: object) -> str:
+        async with Fences(backend.store, make_owner()).open(s, "charge") as step:
+            ref = await step.effect(fn)  # type: ignore[arg-type]
+            async with step.complete(backend.store.engine):
+                pass
+            return ref
+
+    assert await asyncio.gather(job(f"{subject}-a", a), job(f"{subject}-b", b)) == ["ref-a", "ref-b"]
+
+
+async def test_the_hop_keeps_to_threads_semantics() -> None:
+    hop = Hop("test-hop")
+    where.set("caller")
+    assert await hop.run(where.get) == "caller"  # the caller's context variables
+
+    def boom() -> None:
+        raise KeyError("x")
+
+    with pytest.raises(KeyError):
+        await hop.run(boom)
+    with pytest.raises(RuntimeError):
+        await hop.run(lambda: next(iter(())))  # StopIteration: a future refuses it, to_thread would hang
+    release, done = threading.Event(), threading.Event()
+
+    def slow() -> int:
+        release.wait(10)
+        done.set()
+        return 1
+
+    task = asyncio.ensure_future(hop.run(slow))
+    await asyncio.sleep(0.01)
+    task.cancel()  # the caller stops waiting; the call runs on
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    release.set()
+    assert done.wait(10)
+    assert await hop.run(lambda: 2) == 2
+
+
+async def test_idle_threads_are_bounded() -> None:
+    hop = Hop("test-idle")
+    gate = threading.Event()
+    calls = [hop.run(gate.wait, 10) for _ in range(MAX_IDLE + 4)]
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    await asyncio.sleep(0.05)
+    assert hop._started == MAX_IDLE + 4  # every blocked call got a thread of its own
+    gate.set()
+    assert all(await asyncio.gather(*tasks))
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and sum(t.name.startswith("test-idle") for t in threading.enumerate()) > MAX_IDLE:
+        await asyncio.sleep(0.01)
+    assert sum(t.name.startswith("test-idle") for t in threading.enumerate()) == MAX_IDLE
+    assert hop._idle == MAX_IDLE
