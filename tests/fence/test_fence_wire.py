@@ -3,6 +3,7 @@ it (libpq's protocol trace / PyMySQL's commands), and the rules of a step captur
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -398,3 +399,103 @@ async def test_an_async_completion_of_the_store_engine_creates_no_async_generato
         await astore.aclose()
     finally:
         store.engine.dispose()
+
+
+class _Counted:
+    """``remove_reader`` of the running loop, counted per file descriptor (the loop's own method still runs)."""
+
+    def __init__(self, loop: Any) -> None:
+        self.loop, self.removed = loop, []
+        self.real = loop.remove_reader
+        loop.remove_reader = self.remove
+
+    def remove(self, fd: int) -> bool:
+        self.removed.append(fd)
+        return bool(self.real(fd))
+
+    def close(self) -> None:
+        del self.loop.remove_reader
+
+
+@pytest.fixture
+async def pg_url_store(url_store: FenceStore) -> Any:
+    if url_store.engine.dialect.name != "postgresql":
+        pytest.skip("pgwire's async statements are psycopg's")
+    yield url_store
+    astore = url_store.async_store()
+    if astore is not None:
+        await astore.aclose()
+
+
+async def async_job(store: FenceStore, owner: Any, subject: str, provider: Provider) -> None:
+    async with Fences(store, owner).open(subject, "charge", params={"amount": 5}) as step:
+        ref = await step.effect(lambda: provider.charge(5, idempotency_key=step.key))
+        async with step.complete(store.engine, result={"ref": ref}):
+            pass
+
+
+async def test_an_async_kept_connection_keeps_its_reader_between_statements(
+        pg_url_store: FenceStore, subject: str, provider: Provider, make_owner: OwnerFactory) -> None:
+    """The statements on the loop (capture, completion) leave the socket's reader registered: no reader is
+    removed over three fenced jobs, and each completes."""
+    await async_job(pg_url_store, make_owner(), f"{subject}-warm", provider)
+    counted = _Counted(asyncio.get_running_loop())
+    try:
+        for i in range(3):
+            await async_job(pg_url_store, make_owner(), f"{subject}-{i}", provider)
+    finally:
+        counted.close()
+    assert counted.removed == []
+    for i in range(3):
+        row = pg_url_store.get(f"{subject}-{i}", "charge")
+        assert row is not None and row.state is FenceState.COMPLETED
+
+
+async def test_a_watched_idle_connection_the_server_ends_stops_being_watched(
+        pg_url_store: FenceStore, subject: str, provider: Provider, make_owner: OwnerFactory) -> None:
+    """The server ends a kept connection while it sits idle with its reader registered: the reader wakes with
+    nobody waiting, finds the connection gone and is removed (no loop spinning on a closed socket); the next job
+    runs on a fresh connection."""
+    import sqlalchemy as sa
+
+    await async_job(pg_url_store, make_owner(), f"{subject}-warm", provider)
+    astore = pg_url_store.async_store()
+    assert astore is not None
+    kept = list(astore.direct._idle)
+    assert kept and all(c.wire is not None and c.wire.watching is not None for c in kept)
+    counted = _Counted(asyncio.get_running_loop())
+    admin = sa.create_engine(pg_url_store.engine.url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as c:
+            for conn in kept:
+                c.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": conn.raw.info.backend_pid})
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if all(c.wire.watching is None for c in kept):
+                break
+        assert all(c.wire.watching is None for c in kept)
+        assert sorted(counted.removed) == sorted(c.wire.fd for c in kept)
+    finally:
+        counted.close()
+        admin.dispose()
+    await async_job(pg_url_store, make_owner(), subject, provider)
+    row = pg_url_store.get(subject, "charge")
+    assert row is not None and row.state is FenceState.COMPLETED and row.epoch == 1
+
+
+async def test_the_cursor_path_on_a_watched_async_connection_then_the_prepared_path_again(
+        pg_url_store: FenceStore, subject: str, provider: Provider, make_owner: OwnerFactory) -> None:
+    """psycopg's own wait (a parameter pgwire cannot send) replaces and removes the reader pgwire keeps: the next
+    prepared statement registers it again and does not wait forever."""
+    from sqlalchemy.exc import DBAPIError
+
+    await async_job(pg_url_store, make_owner(), f"{subject}-warm", provider)
+    astore = pg_url_store.async_store()
+    assert astore is not None
+    get = pg_url_store.stmts.get
+    with pytest.raises(DBAPIError):
+        await astore.direct.run(lambda conn: conn.execute(get, {"w_subject": "a\x00b", "w_step": "x"}))
+    async with asyncio.timeout(10):
+        await async_job(pg_url_store, make_owner(), subject, provider)
+    row = pg_url_store.get(subject, "charge")
+    assert row is not None and row.state is FenceState.COMPLETED

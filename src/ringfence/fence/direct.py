@@ -335,6 +335,8 @@ class AsyncDirect(_Kept):
     async def _close_dead(self) -> None:
         dead, self._dead = self._dead, []
         for conn in dead:
+            if conn.wire is not None:
+                conn.wire.unwatch()  # before its socket closes (pgwire.Wire.arun)
             with suppress(Exception):  # already gone: nothing to close
                 await conn.raw.close()
 
