@@ -270,6 +270,8 @@ class AConn:
             except Exception as exc:
                 self.broken = self.broken or not wire.clean()
                 raise self.direct.fail(self, exc, sql.text, p) from exc
+        if wire is not None:
+            wire.unwatch()  # psycopg's own wait takes the socket's reader over
         try:
             cur = self.raw.cursor()
             try:
