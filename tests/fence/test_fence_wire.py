@@ -499,3 +499,32 @@ async def test_the_cursor_path_on_a_watched_async_connection_then_the_prepared_p
         await async_job(pg_url_store, make_owner(), subject, provider)
     row = pg_url_store.get(subject, "charge")
     assert row is not None and row.state is FenceState.COMPLETED
+
+
+def test_a_sync_completion_of_the_store_engine_runs_one_generator(backend: Backend, subject: str,
+                                                                  provider: Provider,
+                                                                  make_owner: OwnerFactory) -> None:
+    """``with step.complete(engine)`` of the store's own engine: the lazy completion is its one generator (the
+    step's, the dispatch's and the error-naming wrappers are plain calls), and the step completes."""
+    import inspect
+    import sys
+
+    store = backend.store
+    gens: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        code = frame.f_code
+        if event == "call" and code.co_flags & inspect.CO_GENERATOR and "ringfence" in code.co_filename:
+            gens.append(code.co_name)
+
+    with Fences(store, make_owner()).open(subject, "charge", params={"amount": 5}) as step:
+        ref = step.effect(lambda: provider.charge(5, idempotency_key=step.key))
+        sys.setprofile(profile)
+        try:
+            with step.complete(store.engine, result={"ref": ref}):
+                pass
+        finally:
+            sys.setprofile(None)
+    assert "lazy_completion" in gens and not {"complete", "sync_completion", "naming_databases"} & set(gens), gens
+    row = store.get(subject, "charge")
+    assert row is not None and row.state is FenceState.COMPLETED

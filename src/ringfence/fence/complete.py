@@ -75,25 +75,32 @@ def describe(db: Any) -> str:
     return f"the {type(db).__module__}.{type(db).__name__} passed"
 
 
-@contextmanager
-def naming_databases(inner: AbstractContextManager[Any], db: Any, table: str, fence_db: str) -> Iterator[Any]:
-    """``inner`` (a completion), with a failure of its fence UPDATE on a database without the table explained."""
-    entered = False
-    try:
-        with inner as conn:
-            entered = True
-            yield conn
-    except Exception as exc:
-        wrong = None if entered else _wrong_database(exc, db, table, fence_db)
-        if wrong is None:
-            raise
-        raise wrong from exc
+class NamingDatabases:
+    """``inner`` (a completion), with a failure of its fence UPDATE on a database without the table explained.
+    A class: it wraps every sync completion, and a generator per job costs more than its check."""
+
+    __slots__ = ("db", "fence_db", "inner", "table")
+
+    def __init__(self, inner: AbstractContextManager[Any], db: Any, table: str, fence_db: str) -> None:
+        self.inner, self.db, self.table, self.fence_db = inner, db, table, fence_db
+
+    def __enter__(self) -> Any:
+        try:
+            return self.inner.__enter__()
+        except Exception as exc:
+            wrong = _wrong_database(exc, self.db, self.table, self.fence_db)
+            if wrong is None:
+                raise
+            raise wrong from exc
+
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool | None:
+        return self.inner.__exit__(et, exc, tb)
 
 
 @asynccontextmanager
 async def anaming_databases(inner: AbstractAsyncContextManager[Any], db: Any, table: str,
                             fence_db: str) -> AsyncIterator[Any]:
-    """Async twin of :func:`naming_databases`."""
+    """Async twin of :class:`NamingDatabases`."""
     entered = False
     try:
         async with inner as conn:
@@ -192,6 +199,14 @@ def _confirm(exc: BaseException, committed: Committed | None) -> bool:
     return committed is not None and is_disconnect(exc) and committed()
 
 
+def lazy(db: Engine, stmt: Bound, stale: Stale, retry: DbRetry, committed: Committed | None,
+         alone: Callable[[], None]) -> AbstractContextManager[Connection]:
+    """:func:`sync_completion` on the fence's own Engine (``alone``: its UPDATE alone, for a block that sent
+    nothing), without the dispatch's generator: the path of every ``step.complete(engine)`` there."""
+    return lazy_completion(db, lambda conn: first_statement(conn, stmt), stale, retry, alone, committed, _confirm,
+                           restore_autocommit)
+
+
 @contextmanager
 def sync_completion(db: Any, stmt: Bound, dialect: Dialect, stale: Stale, retry: DbRetry = NO_RETRY,
                     committed: Committed | None = None, alone: Callable[[], None] | None = None) -> Iterator[Any]:
@@ -202,8 +217,7 @@ def sync_completion(db: Any, stmt: Bound, dialect: Dialect, stale: Stale, retry:
     COMMIT that loses its connection is checked with ``committed`` (SQLAlchemy ``db`` only).
     """
     if isinstance(db, Engine) and alone is not None:  # the fence's own database: the UPDATE only when needed
-        with lazy_completion(db, lambda conn: first_statement(conn, stmt), stale, retry, alone, committed,
-                             _confirm, restore_autocommit) as conn:
+        with lazy(db, stmt, stale, retry, committed, alone) as conn:
             yield conn
         return
     if isinstance(db, Engine):

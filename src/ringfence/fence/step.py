@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import AbstractAsyncContextManager, contextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
@@ -207,18 +207,15 @@ class Step(_StepView):
             raise TypeError("effect(fn): fn returned an awaitable in a sync step; use `async with`")
         return self._core.finish_effect(value, reference)
 
-    @contextmanager
-    def complete(self, db: Any, result: Any = None) -> Iterator[Any]:
+    def complete(self, db: Any, result: Any = None) -> AbstractContextManager[Any]:
         """One transaction on ``db``: the fence's completion plus the writes made in the block.
 
         ``db``: a SQLAlchemy Engine, Connection or Session, or a DB-API connection.
         Yields what to write through (a Connection for an Engine, else ``db`` itself).
         """
         core = self._core
-        with core.store.completion(db, core.subject, core.step, *core.completion_args(result),
-                                   **core.completion_states()) as conn:
-            yield conn
-        core.completed = True
+        return _Completing(core, core.store.completion(db, core.subject, core.step, *core.completion_args(result),
+                                                       **core.completion_states()))
 
 
 class AsyncStep(_StepView):
@@ -268,13 +265,22 @@ class AsyncStep(_StepView):
 
 
 class _Completing:
-    """``async with step.complete(db)``: the store's completion, then the step is completed (a class: no async
-    generator on every async fenced job)."""
+    """``with`` / ``async with step.complete(db)``: the store's completion, then the step is completed (a class:
+    no generator on every fenced job)."""
 
     __slots__ = ("core", "inner")
 
-    def __init__(self, core: Core, inner: AbstractAsyncContextManager[Any]) -> None:
+    def __init__(self, core: Core, inner: Any) -> None:
         self.core, self.inner = core, inner
+
+    def __enter__(self) -> Any:
+        return self.inner.__enter__()
+
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
+        suppressed = bool(self.inner.__exit__(et, exc, tb))
+        if et is None or suppressed:
+            self.core.completed = True
+        return suppressed
 
     async def __aenter__(self) -> Any:
         return await self.inner.__aenter__()

@@ -369,11 +369,12 @@ class FenceStore:
                    states: Sequence[FenceState] = COMPLETABLE) -> AbstractContextManager[Any]:
         """Sync context manager: one transaction on ``db`` holding the completion + caller's writes."""
         stmt = self.complete_statement(subject, step, epoch, result, states)
-        inner = _complete.sync_completion(db, stmt, self.engine.dialect,
-                                          lambda: _fenced_out(subject, step, epoch, states), self.retry,
-                                          self._committed(subject, step, epoch, result),
-                                          self._alone(db, subject, step, epoch, result, states))
-        return _complete.naming_databases(inner, db, self.table.name, self._url())
+        stale = lambda: _fenced_out(subject, step, epoch, states)  # noqa: E731
+        committed, alone = self._committed(subject, step, epoch, result), self._alone(db, subject, step, epoch,
+                                                                                       result, states)
+        inner = (_complete.lazy(db, stmt, stale, self.retry, committed, alone) if alone is not None else
+                 _complete.sync_completion(db, stmt, self.engine.dialect, stale, self.retry, committed, alone))
+        return _complete.NamingDatabases(inner, db, self.table.name, self._url())
 
     def acompletion(self, db: Any, subject: str, step: str, epoch: int, result: str | None,
                     states: Sequence[FenceState] = COMPLETABLE) -> AbstractAsyncContextManager[Any]:
