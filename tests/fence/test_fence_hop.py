@@ -99,3 +99,17 @@ async def test_idle_threads_are_bounded() -> None:
         await asyncio.sleep(0.01)
     assert sum(t.name.startswith("test-idle") for t in threading.enumerate()) == MAX_IDLE
     assert hop._idle == MAX_IDLE
+
+
+async def test_an_idle_hop_thread_keeps_nothing_of_its_last_call() -> None:
+    import gc
+    import weakref
+
+    class Value:
+        pass
+
+    hop = Hop("test-ref")
+    ref = weakref.ref(await hop.run(Value))
+    await asyncio.sleep(0.05)  # the thread is back waiting for a call
+    gc.collect()
+    assert ref() is None

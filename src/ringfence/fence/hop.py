@@ -56,18 +56,21 @@ class Hop:
     def _work(self) -> None:
         calls = self._calls
         while True:
-            loop, fut, ctx, fn, args = calls.get()
-            try:
-                value = ctx.run(fn, *args)
-            except BaseException as exc:  # raised in the caller, as to_thread does
-                _answer(loop, fut, None, exc)
-            else:
-                _answer(loop, fut, value, None)
-            del fut, fn, args, ctx, loop  # nothing of the call outlives it while idle
+            _call(calls.get())  # a function: nothing of the call (its value, its error) outlives it while idle
             with self._lock:
                 if self._idle >= MAX_IDLE:
                     return
                 self._idle += 1
+
+
+def _call(call: _Call) -> None:
+    loop, fut, ctx, fn, args = call
+    try:
+        value = ctx.run(fn, *args)
+    except BaseException as exc:  # raised in the caller, as to_thread does
+        _answer(loop, fut, None, exc)
+    else:
+        _answer(loop, fut, value, None)
 
 
 def _answer(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
