@@ -260,7 +260,8 @@ class Broker(Reads, Admin):
         jobs = list(jobs)
         if inline and all(j[2] == 0 and len(j[1]) <= INLINE_MAX_BYTES and (len(j) == 3 or j[3] == "") for j in jobs):
             # The common case: every job goes inline into pending, in three Redis calls (enqueue_ready.lua)
-            return Call("enqueue_ready", [k.pending, k.idle, k.stats],
+            return Call("enqueue_ready", [k.pending, k.idle, k.stats, k.jobs, k.active, k.lease, k.attempts,
+                                          k.idle_lease],
                         [k.wake, self.clock(), *[j[0].encode() + j[1] for j in jobs]], _enqueued)
         args: list[Any] = [self.clock(), k.wake, INLINE_MAX_BYTES if inline else 0]
         for job in jobs:
@@ -339,7 +340,8 @@ class Broker(Reads, Admin):
         whether the queue was left empty; then the worker, if it still had free slots, is marked idle until
         ``idle_until_ms``, else unmarked. No round trips of their own for marks on the path of a woken worker."""
         k = self.keys.queue(queue)
-        return Call("fetch", [k.pending, k.jobs, k.active, k.lease, k.attempts, k.paused, k.stats, k.idle],
+        return Call("fetch", [k.pending, k.jobs, k.active, k.lease, k.attempts, k.paused, k.stats, k.idle,
+                              k.idle_lease],
                     [deadline_ms, count, token, worker, idle_until_ms, self.clock()], _fetched_marking)
 
     def extend(self, queue: str, leases: Iterable[tuple[str, str, int]]) -> Call[list[str]]:

@@ -43,8 +43,10 @@ class QueueKeys:
     durable: str     # zset: id -> died ms, dead jobs whose failed_jobs row is still owed (worker/durable.py)
     stats: str       # hash: processed, failed, retried, dead, orphaned, ... counters
     idle: str        # zset: worker id -> ms until which it sleeps waiting for a wake-up
+    idle_lease: str  # hash: idle worker id -> its lease ms, for the jobs enqueue_ready.lua pushes to it
     paused: str      # string: exists while the queue is paused
-    wake: str        # pub/sub channel: published on enqueue when a worker is idle
+    wake: str        # pub/sub channel: published on enqueue when a worker is idle; '<wake>:<worker id>' carries
+    #                  the jobs leased to that worker (enqueue_ready.lua)
     unique: str      # hash: unique key -> id of the job holding it
     unique_exp: str  # zset: unique key -> ms when the hold ends
     cron: str        # hash: periodic name -> last tick ms handled
@@ -103,6 +105,7 @@ class Keys:
                 durable=f"{p}:durable",
                 stats=f"{p}:stats",
                 idle=f"{p}:idle",
+                idle_lease=f"{p}:idle_lease",
                 paused=f"{p}:paused",
                 wake=f"{p}:wake",
                 unique=f"{p}:unique",

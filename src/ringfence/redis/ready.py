@@ -41,9 +41,10 @@ class ReadyEnqueue:
         self.broker = broker
         self.clock_ms = broker.precise_ms
         self.source, sha = script("enqueue_ready").for_server(shebang)
-        # '*9' (EVALSHA, sha, numkeys, 3 keys, the wake channel, now, the job), then the first 7 arguments
-        head = ("EVALSHA", sha, 3, k.pending, k.idle, k.stats, k.wake)
-        self._head = b"*9" + hiredis.pack_command(head)[2:]  # type: ignore[arg-type]  # its stub: a 1-tuple
+        # '*14' (EVALSHA, sha, numkeys, 8 keys, the wake channel, now, the job), then the first 12 arguments
+        head = ("EVALSHA", sha, 8, k.pending, k.idle, k.stats, k.jobs, k.active, k.lease, k.attempts,
+                k.idle_lease, k.wake)
+        self._head = b"*14" + hiredis.pack_command(head)[3:]  # type: ignore[arg-type]  # its stub: a 1-tuple
 
     def send(self, job_id: str, spec: bytes, now_ms: int) -> bool:
         """True once Redis took the job; False, sending nothing, when the broker has no kept connections (then

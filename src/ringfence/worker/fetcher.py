@@ -26,17 +26,36 @@ class Fetcher:
         self.stopping = stopping
         self.waker = Waker(broker, server_id, [q for q, _ in queues])
         self._seq = 0
+        self._left = 0  # slots the last fetch left free: pushed jobs beyond them are handed back
         self._starving: list[str] = []
         self._starving_at = 0.0
 
     async def cycle(self, free: int, start: Callable[[Fetched], None]) -> None:
         """Fetch up to ``free`` jobs and ``start`` each; once every queue was found empty, wait idle until woken.
 
-        Each fetch moves this worker's idle mark in its queue (fetch.lua): a woken worker makes one round trip,
-        the fetch, before its job starts and before it sleeps again."""
+        Each fetch moves this worker's idle mark in its queue (fetch.lua). A job enqueued while the worker sleeps
+        comes leased in the wake message itself (enqueue_ready.lua) and starts with no fetch; a plain wake-up is
+        followed by one fetch round trip."""
         if await self.fetch(free, start):
             return
         await self.until(self.waker.wait(self.idle_s))
+        pushed = self.waker.take()
+        if pushed:
+            await self.take_pushed(pushed, self._left, start)
+
+    async def take_pushed(self, pushed: list[tuple[Fetched, int]], free: int,
+                          start: Callable[[Fetched], None]) -> None:
+        """Start the jobs leased to this worker by wake messages; those beyond ``free`` slots (marks in several
+        queues, each the promise of a slot) are handed back at once, their attempt not counted. So is one read
+        after its lease ran out (the recoverer has it; the hand-back then does nothing)."""
+        started = 0
+        for job, deadline in pushed:
+            if started < free and deadline > job.started_ms + 1000:
+                start(job)
+                started += 1
+            else:
+                await self.waker.hand_back(job)
+        await asyncio.sleep(0)  # the started jobs reach their handlers before the next fetch
 
     async def until(self, aw: Awaitable[Any]) -> None:
         """Await ``aw`` unless the worker is asked to stop first."""
@@ -87,6 +106,7 @@ class Fetcher:
             if dangling or not empty or free <= 0:
                 more = True
                 break
+        self._left = free
         if started:
             await asyncio.sleep(0)  # the started jobs reach their handlers before the next fetch or the wait
         return more

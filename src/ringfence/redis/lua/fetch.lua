@@ -17,6 +17,7 @@
 --         it until ARGV[5] (enqueue publishes a wake-up while a mark is live), else its mark is removed.
 -- ARGV[5] idle mark until ms (with ARGV[4])
 -- ARGV[6] now ms (with ARGV[4]): marks of workers that died asleep end before it
+-- KEYS[9] idle_lease hash worker -> lease ms (with ARGV[4]): enqueue_ready.lua leases pushed jobs for that long
 -- A pending entry is an id, whose spec is in jobs, or '<id><spec>' (a spec starts with '{', an id never holds
 -- one): an inline job, whose spec moves into jobs here, so a leased job has the same keys whichever way it came.
 -- Returns: flat list id, spec, attempt, ... (empty when paused or nothing is ready); a queued id without a
@@ -29,8 +30,11 @@ local worker = ARGV[4]
 local function done(out, leased, empty)
   if not worker then return out end
   if empty and leased < tonumber(ARGV[2]) then
-    redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', ARGV[6])
+    local gone = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', ARGV[6])
+    if #gone > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', ARGV[6]) end
+    for _, w in ipairs(gone) do redis.call('HDEL', KEYS[9], w) end
     redis.call('ZADD', KEYS[8], ARGV[5], worker)
+    redis.call('HSET', KEYS[9], worker, tonumber(ARGV[1]) - tonumber(ARGV[6]))
   else
     redis.call('ZREM', KEYS[8], worker)
   end

@@ -1,0 +1,193 @@
+"""The wake carries the job (enqueue_ready.lua, redis/waker.py, worker/fetcher.py): an enqueue while a worker
+sleeps leases the job to it inside the script and sends it in the wake message, so the worker starts it with no
+fetch. A lease that looks like a fetch's; a message nobody read ends in lease recovery; a worker gone while idle
+gets nothing; a worker never runs more than its concurrency. A private redis-server, so the commands Redis served
+and its pub/sub clients are this test's alone."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ringfence import App, WorkerSettings
+from ringfence.models import JobSpec, new_job_id
+from ringfence.redis.embedded import EmbeddedRedis, free_port
+from ringfence.redis.scripts import script
+from ringfence.worker.worker import Worker
+from test_worker import until
+
+SETTINGS = WorkerSettings(lease_s=2.0, heartbeat_s=0.5, recover_interval_s=0.5, promote_interval_s=0.1,
+                          shutdown_timeout_s=3.0, server_ttl_s=3.0)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    s = EmbeddedRedis(str(tmp_path / "redis"), port=free_port()).start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def app(server: EmbeddedRedis) -> Iterator[App]:
+    a = App(server.url, f"t{uuid.uuid4().hex[:8]}", environment="test", worker=SETTINGS)
+    yield a
+    a.close()
+
+
+def _fetched_ids(app: App) -> list[str]:
+    """Every job id a fetch returned from now on (a hook on the broker's fetch call)."""
+    got: list[str] = []
+    fetch_marking = app.broker.fetch_marking
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        call = fetch_marking(*args, **kw)
+
+        def parse(raw: Any) -> Any:
+            jobs, empty = call.parse(raw)
+            got.extend(j[0] for j in jobs)
+            return jobs, empty
+        return call._replace(parse=parse)
+
+    app.broker.fetch_marking = counted  # type: ignore[method-assign]
+    return got
+
+
+def _raw_enqueue(p: Any, app: App, queue: str, task: str) -> str:
+    """Queue a plain job through enqueue_ready.lua on pipeline ``p`` (so a test can put it in a MULTI)."""
+    job_id = new_job_id()
+    spec = JobSpec.plain(task, {}, app.broker.clock(), 1)
+    call = app.broker.enqueue(queue, [(job_id, spec, 0)], inline=True)
+    assert call.name == "enqueue_ready"
+    p.eval(script("enqueue_ready").for_server(True)[0], len(call.keys), *call.keys, *call.args)
+    return job_id
+
+
+async def _idle(app: App, worker: Worker, runner: asyncio.Task[Any], *queues: str) -> None:
+    keys = [app.broker.keys.queue(q).idle for q in queues]
+    await until(lambda: all(app.broker.sync.zscore(k, worker.server_id) for k in keys), runner, timeout=10)
+    await asyncio.sleep(0.1)  # past the mark: asleep on the wake channel
+
+
+async def test_an_idle_worker_starts_a_pushed_job_with_a_lease_like_a_fetchs_and_no_fetch(app: App) -> None:
+    r, k = app.broker.sync, app.broker.keys.queue("default")
+    seen: list[tuple[Any, ...]] = []
+    release = asyncio.Event()
+
+    @app.task
+    async def t(ctx: Any) -> None:
+        seen.append((ctx.id, ctx.attempt, r.zscore(k.active, ctx.id), r.hget(k.lease, ctx.id)))
+        await release.wait()
+
+    fetched = _fetched_ids(app)
+    worker = Worker(app, concurrency=2)
+    runner = asyncio.create_task(worker.run())
+    try:
+        for n in range(1, 4):
+            await _idle(app, worker, runner, "default")
+            job = t.enqueue()
+            await until(lambda n=n: len(seen) == n, runner)
+            job_id, attempt, deadline, token = seen[-1]
+            assert (job_id, attempt) == (job, 1)
+            assert deadline is not None and token is not None and token.decode().startswith(worker.server_id)
+            assert r.hget(k.attempts, job) == b"1"
+            release.set()
+            await until(lambda job=job: not r.hexists(k.jobs, job), runner)  # acked under the pushed token
+            release.clear()
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(runner, 10)
+    assert fetched == []  # each job came in its wake message: no fetch returned one
+    assert r.hget(k.stats, "processed") == b"3"
+    assert not r.zcard(k.active) and not r.hlen(k.lease) and not r.hlen(k.attempts)
+
+
+async def test_a_pushed_job_whose_message_is_lost_runs_after_lease_recovery(app: App) -> None:
+    r, k = app.broker.sync, app.broker.keys.queue("default")
+    runs: list[tuple[str, int]] = []
+
+    @app.task(name="t")
+    async def t(ctx: Any) -> None:
+        runs.append((ctx.id, ctx.attempt))
+
+    worker = Worker(app)
+    runner = asyncio.create_task(worker.run())
+    try:
+        await _idle(app, worker, runner, "default")
+        [listener] = [c for c in r.client_list() if int(c["sub"]) > 0]
+        with r.pipeline(transaction=True) as p:  # leased and published, then the connection killed unread
+            job = _raw_enqueue(p, app, "default", "t")
+            p.client_kill_filter(_id=listener["id"])
+            p.execute()
+        assert r.zscore(k.active, job) is not None  # leased to the worker whose connection died
+        t0 = time.monotonic()
+        await until(lambda: runs, runner, timeout=20)
+        await until(lambda: not r.hexists(k.jobs, job), runner)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(runner, 10)
+    assert runs == [(job, 2)]  # the lost attempt counted; its lease ran out, then the recoverer queued it
+    assert time.monotonic() - t0 > 1.0
+
+
+async def test_a_mark_nobody_listens_on_is_dropped_and_the_job_pushed_to_the_next_worker(app: App) -> None:
+    r, k = app.broker.sync, app.broker.keys.queue("default")
+    runs: list[str] = []
+
+    @app.task
+    async def t(ctx: Any) -> None:
+        runs.append(ctx.id)
+
+    fetched = _fetched_ids(app)
+    worker = Worker(app)
+    runner = asyncio.create_task(worker.run())
+    try:
+        await _idle(app, worker, runner, "default")
+        # a worker SIGKILLed while idle: its mark outlives it (first in line: the earliest end), nobody listens
+        r.zadd(k.idle, {"gone.1": app.broker.clock() + 1000})
+        r.hset(k.idle_lease, "gone.1", 2000)
+        job = t.enqueue()
+        await until(lambda: runs, runner)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(runner, 10)
+    assert runs == [job] and fetched == []  # pushed to the worker that listens
+    assert r.zscore(k.idle, "gone.1") is None
+    assert not r.hexists(k.lease, job)
+
+
+async def test_a_worker_pushed_more_jobs_than_its_free_slots_hands_the_extra_back(app: App) -> None:
+    r = app.broker.sync
+    running, most, runs = [0], [0], []
+
+    async def body(ctx: Any) -> None:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        await asyncio.sleep(0.3)
+        runs.append((ctx.id, ctx.attempt))
+        running[0] -= 1
+
+    app.task(name="ta", queue="a")(body)
+    app.task(name="tb", queue="b")(body)
+    worker = Worker(app, [("a", 1), ("b", 1)], concurrency=1)
+    runner = asyncio.create_task(worker.run())
+    try:
+        await _idle(app, worker, runner, "a", "b")
+        with r.pipeline(transaction=True) as p:  # a mark in each queue, each a promise of the one free slot
+            jobs = [_raw_enqueue(p, app, "a", "ta"), _raw_enqueue(p, app, "b", "tb")]
+            p.execute()
+        await until(lambda: len(runs) == 2, runner)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(runner, 10)
+    assert most[0] == 1
+    assert sorted(runs) == sorted((j, 1) for j in jobs)  # the one handed back: its attempt not counted
+    handed = [r.hget(app.broker.keys.queue(q).stats, "handed_back") for q in ("a", "b")]
+    assert sorted(handed, key=str) == sorted([None, b"1"], key=str)
