@@ -20,6 +20,7 @@ from ringfence.models import JobSpec, new_job_id
 from ringfence.redis.embedded import EmbeddedRedis, free_port
 from ringfence.redis.scripts import script
 from ringfence.worker.worker import Worker
+from support import wait_until
 from test_worker import until
 
 SETTINGS = WorkerSettings(lease_s=2.0, heartbeat_s=0.5, recover_interval_s=0.5, promote_interval_s=0.1,
@@ -191,3 +192,34 @@ async def test_a_worker_pushed_more_jobs_than_its_free_slots_hands_the_extra_bac
     assert sorted(runs) == sorted((j, 1) for j in jobs)  # the one handed back: its attempt not counted
     handed = [r.hget(app.broker.keys.queue(q).stats, "handed_back") for q in ("a", "b")]
     assert sorted(handed, key=str) == sorted([None, b"1"], key=str)
+
+
+def test_a_worker_sigkilled_while_idle_gets_no_job_and_another_runs_them(redis_url, namespace, rdb,
+                                                                         spawn_worker) -> None:
+    from test_processes import producer, records
+
+    app, m = producer(redis_url, namespace)
+    k = app.broker.keys.queue("default")
+    first, second = spawn_worker(), spawn_worker()
+    wait_until(lambda: rdb.zcard(k.idle) == 2, timeout=60)  # both asleep on their wake channels
+    first.kill()
+    jobs = [m.noop.enqueue(n=n) for n in range(5)]  # each offered to an idle worker: only the live one hears
+    wait_until(lambda: {r[0] for r in records(rdb, namespace, "runs")} == set(jobs), timeout=30)
+    assert second.proc.poll() is None
+    wait_until(lambda: app.broker.queue_counts("default")["stats"].get("processed") == 5)
+
+
+def test_a_worker_that_leaves_no_lease_length_gets_a_plain_wake_and_the_job_stays_pending(app: App) -> None:
+    r, k = app.broker.sync, app.broker.keys.queue("default")
+
+    @app.task(name="t")
+    def t(ctx: Any) -> None: ...
+
+    sub = r.pubsub(ignore_subscribe_messages=True)
+    sub.subscribe(k.wake, f"{k.wake}:old.1")
+    r.zadd(k.idle, {"old.1": app.broker.clock() + 60_000})  # an older release's mark: no idle_lease entry
+    job = t.enqueue()
+    messages = [sub.get_message(timeout=0.2) for _ in range(6)]  # the subscribe replies read as None
+    assert [m["channel"] for m in messages if m] == [k.wake.encode()]
+    assert r.llen(k.pending) == 1 and not r.zscore(k.active, job) and r.zscore(k.idle, "old.1")
+    sub.close()
