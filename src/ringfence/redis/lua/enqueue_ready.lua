@@ -32,9 +32,9 @@ end
 redis.call('HINCRBY', KEYS[3], 'enqueued', n)
 local out = {}
 for i = 1, n do out[i] = 1 end
-if redis.call('ZCOUNT', KEYS[2], now, '+inf') == 0 then return out end
+if redis.call('ZCOUNT', KEYS[2], ARGV[2], '+inf') == 0 then return out end  -- ARGV[2], not now: a Lua number is formatted per call
 local left = n
-for _, worker in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], now, '+inf')) do
+for _, worker in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], ARGV[2], '+inf')) do
   local entry = redis.call('LINDEX', KEYS[1], -1)  -- the oldest ready job, as a fetch would take it
   local at = string.find(entry, '{', 1, true)
   local id = at and string.sub(entry, 1, at - 1)
@@ -60,5 +60,5 @@ for _, worker in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], now, '+inf')) do
     redis.call('HDEL', KEYS[8], worker)
   end
 end
-if redis.call('ZCOUNT', KEYS[2], now, '+inf') > 0 then redis.call('PUBLISH', ARGV[1], left) end
+if redis.call('ZCOUNT', KEYS[2], ARGV[2], '+inf') > 0 then redis.call('PUBLISH', ARGV[1], left) end
 return out
