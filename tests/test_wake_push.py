@@ -223,3 +223,29 @@ def test_a_worker_that_leaves_no_lease_length_gets_a_plain_wake_and_the_job_stay
     assert [m["channel"] for m in messages if m] == [k.wake.encode()]
     assert r.llen(k.pending) == 1 and not r.zscore(k.active, job) and r.zscore(k.idle, "old.1")
     sub.close()
+
+
+async def test_a_worker_that_will_not_wait_leaves_no_idle_mark_for_pushes(make_app: Any) -> None:
+    # One slot, queues a then b (strict): a is found empty with the slot free (marked idle there), then b fills
+    # the slot. A mark left in a would have enqueues there lease jobs to a worker that cannot take them.
+    app = make_app(worker=WorkerSettings(heartbeat_s=30, lease_s=60, server_ttl_s=90))
+    release = asyncio.Event()
+    started: list[str] = []
+
+    @app.task(name="tb", queue="b")
+    async def tb(ctx: Any) -> None:
+        started.append(ctx.id)
+        await release.wait()
+
+    idle_a = app.broker.keys.queue("a").idle
+    tb.enqueue()
+    worker = Worker(app, [("a", 1), ("b", 1)], concurrency=1, strict=True)
+    runner = asyncio.create_task(worker.run())
+    try:
+        await until(lambda: started, runner)
+        await until(lambda: app.broker.sync.zscore(idle_a, worker.server_id) is None, runner, timeout=5)
+        release.set()
+        await until(lambda: app.broker.sync.zscore(idle_a, worker.server_id), runner, timeout=10)  # idle again
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(runner, 10)

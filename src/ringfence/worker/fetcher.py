@@ -27,6 +27,7 @@ class Fetcher:
         self.waker = Waker(broker, server_id, [q for q, _ in queues])
         self._seq = 0
         self._left = 0  # slots the last fetch left free: pushed jobs beyond them are handed back
+        self._marked = False  # the last fetch left this worker marked idle in some queue (fetch.lua)
         self._starving: list[str] = []
         self._starving_at = 0.0
 
@@ -37,8 +38,13 @@ class Fetcher:
         comes leased in the wake message itself (enqueue_ready.lua) and starts with no fetch; a plain wake-up is
         followed by one fetch round trip."""
         if await self.fetch(free, start):
-            return
-        await self.until(self.waker.wait(self.idle_s))
+            if self._marked:  # a queue left empty marked it idle, yet it will not wait: jobs must not wait on it
+                await self.waker.mark_busy()
+                await self.waker.wait(0)  # reads what was pushed before the unmark
+            else:
+                return
+        else:
+            await self.until(self.waker.wait(self.idle_s))
         pushed = self.waker.take()
         if pushed:
             await self.take_pushed(pushed, self._left, start)
@@ -89,11 +95,13 @@ class Fetcher:
         now = self.broker.clock()
         until = now + int((self.idle_s + 1) * 1000)  # outlives the idle wait (its fallback timer)
         started, more = 0, False
+        self._marked = False
         for queue in await self.order():
             self._seq += 1
             token = f"{self.server_id}.{self._seq}"
             got, empty = await self.broker.arun(self.broker.fetch_marking(
                 queue, free, now + self.lease_ms, token, self.server_id, until))
+            self._marked = self._marked or (empty and len(got) < free)  # as fetch.lua marks
             dangling = [job_id for job_id, _, attempt in got if attempt == 0]
             if dangling:
                 got = [g for g in got if g[2] > 0]
