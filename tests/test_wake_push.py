@@ -249,3 +249,26 @@ async def test_a_worker_that_will_not_wait_leaves_no_idle_mark_for_pushes(make_a
     finally:
         worker.request_stop()
         await asyncio.wait_for(runner, 10)
+
+
+async def test_no_job_is_pushed_while_its_queue_is_paused(app: App) -> None:
+    r, k = app.broker.sync, app.broker.keys.queue("default")
+    runs: list[str] = []
+
+    @app.task
+    async def t(ctx: Any) -> None:
+        runs.append(ctx.id)
+
+    worker = Worker(app)
+    runner = asyncio.create_task(worker.run())
+    try:
+        await _idle(app, worker, runner, "default")  # marked idle, with its lease length, before the pause
+        app.broker.set_paused("default", True)
+        job = t.enqueue()
+        await asyncio.sleep(1.5)  # three fallback fetches
+        assert runs == [] and r.llen(k.pending) == 1 and not r.zscore(k.active, job)
+        app.broker.set_paused("default", False)
+        await until(lambda: runs == [job], runner)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(runner, 10)

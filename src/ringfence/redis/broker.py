@@ -451,7 +451,10 @@ class Broker(Reads, Admin):
 
     def set_paused(self, queue: str, paused: bool) -> None:
         k = self.keys.queue(queue)
-        if paused:
-            self.sync.set(k.paused, b"1")
+        if paused:  # and no job pushed to a worker marked idle before the pause (enqueue_ready.lua)
+            with self.sync.pipeline(transaction=True) as p:
+                p.set(k.paused, b"1")
+                p.delete(k.idle_lease)
+                p.execute()
         else:
             self.sync.delete(k.paused)

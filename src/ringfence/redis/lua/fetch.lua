@@ -27,14 +27,18 @@
 local worker = ARGV[4]
 
 -- With a worker id: mark it idle or busy, and append whether the queue is empty now.
-local function done(out, leased, empty)
+local function done(out, leased, empty, paused)
   if not worker then return out end
   if empty and leased < tonumber(ARGV[2]) then
     local gone = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', ARGV[6])
     if #gone > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', ARGV[6]) end
     for _, w in ipairs(gone) do redis.call('HDEL', KEYS[9], w) end
     redis.call('ZADD', KEYS[8], ARGV[5], worker)
-    redis.call('HSET', KEYS[9], worker, tonumber(ARGV[1]) - tonumber(ARGV[6]))
+    if paused then  -- woken, never pushed a job, while paused
+      redis.call('HDEL', KEYS[9], worker)
+    else
+      redis.call('HSET', KEYS[9], worker, tonumber(ARGV[1]) - tonumber(ARGV[6]))
+    end
   else
     redis.call('ZREM', KEYS[8], worker)
   end
@@ -42,7 +46,7 @@ local function done(out, leased, empty)
   return out
 end
 
-if redis.call('EXISTS', KEYS[6]) == 1 then return done({}, 0, true) end
+if redis.call('EXISTS', KEYS[6]) == 1 then return done({}, 0, true, true) end
 local entries = redis.call('RPOP', KEYS[1], tonumber(ARGV[2]))
 if not entries then return done({}, 0, true) end
 local out, duplicates = {}, 0
