@@ -1,6 +1,7 @@
 """The wake carries the job (enqueue_ready.lua, redis/waker.py, worker/fetcher.py): an enqueue while a worker
 sleeps leases the job to it inside the script and sends it in the wake message, so the worker starts it with no
-fetch. A lease that looks like a fetch's; a message nobody read ends in lease recovery; a worker gone while idle
+fetch. A lease that looks like a fetch's; a message lost with its connection is handed back once the worker
+subscribes again; a worker gone while idle
 gets nothing; a worker never runs more than its concurrency. A private redis-server, so the commands Redis served
 and its pub/sub clients are this test's alone."""
 
@@ -110,7 +111,22 @@ async def test_an_idle_worker_starts_a_pushed_job_with_a_lease_like_a_fetchs_and
     assert not r.zcard(k.active) and not r.hlen(k.lease) and not r.hlen(k.attempts)
 
 
-async def test_a_pushed_job_whose_message_is_lost_runs_after_lease_recovery(app: App) -> None:
+def _long_lease(server: EmbeddedRedis) -> App:
+    """Leases of 20 s (the default): a job left to lease recovery would wait that long."""
+    settings = WorkerSettings(lease_s=20.0, heartbeat_s=5.0, recover_interval_s=0.5, promote_interval_s=0.1,
+                              shutdown_timeout_s=3.0, server_ttl_s=10.0)
+    return App(server.url, f"t{uuid.uuid4().hex[:8]}", environment="test", worker=settings)
+
+
+def _kill_listener(r: Any, p: Any) -> None:
+    """Kill (on pipeline ``p``) the worker's pub/sub connection: redis-py reconnects and subscribes again."""
+    [listener] = [c for c in r.client_list() if int(c["sub"]) > 0]
+    p.client_kill_filter(_id=listener["id"])
+
+
+async def test_a_pushed_job_whose_message_is_lost_is_handed_back_once_the_worker_resubscribes(
+        server: EmbeddedRedis) -> None:
+    app = _long_lease(server)
     r, k = app.broker.sync, app.broker.keys.queue("default")
     runs: list[tuple[str, int]] = []
 
@@ -122,20 +138,95 @@ async def test_a_pushed_job_whose_message_is_lost_runs_after_lease_recovery(app:
     runner = asyncio.create_task(worker.run())
     try:
         await _idle(app, worker, runner, "default")
-        [listener] = [c for c in r.client_list() if int(c["sub"]) > 0]
         with r.pipeline(transaction=True) as p:  # leased and published, then the connection killed unread
             job = _raw_enqueue(p, app, "default", "t")
-            p.client_kill_filter(_id=listener["id"])
+            _kill_listener(r, p)
             p.execute()
-        assert r.zscore(k.active, job) is not None  # leased to the worker whose connection died
         t0 = time.monotonic()
+        assert r.zscore(k.active, job) is not None  # leased to the worker whose connection died
         await until(lambda: runs, runner, timeout=20)
+        started_s = time.monotonic() - t0
+        await until(lambda: not r.hexists(k.jobs, job), runner)
+        await asyncio.sleep(0.5)  # no second run
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(runner, 10)
+        app.close()
+    assert runs == [(job, 1)]  # handed back, its attempt not counted: not left to the lease's 20 s
+    assert started_s < 5, started_s
+    assert worker.processor.fetcher.waker.recovered == 1
+    assert r.hget(k.stats, "handed_back") == b"1" and r.hget(k.stats, "orphaned") is None
+
+
+async def test_a_job_pushed_and_running_is_not_handed_back_when_the_worker_resubscribes(
+        server: EmbeddedRedis) -> None:
+    app = _long_lease(server)
+    r, k = app.broker.sync, app.broker.keys.queue("default")
+    runs: list[tuple[str, int]] = []
+    release = asyncio.Event()
+
+    @app.task(name="t")
+    async def t(ctx: Any) -> None:
+        runs.append((ctx.id, ctx.attempt))
+        await release.wait()
+
+    fetched = _fetched_ids(app)
+    worker = Worker(app, concurrency=2)
+    waker = worker.processor.fetcher.waker
+    runner = asyncio.create_task(worker.run())
+    try:
+        await _idle(app, worker, runner, "default")
+        job = t.enqueue()
+        await until(lambda: runs, runner)
+        token = r.hget(k.lease, job)
+        await _idle(app, worker, runner, "default")  # one slot free: asleep again
+        with r.pipeline(transaction=True) as p:
+            _kill_listener(r, p)
+            p.execute()
+        await until(lambda: waker.checks == 1, runner, timeout=10)
+        assert r.hget(k.lease, job) == token and r.llen(k.pending) == 0  # still its lease, not queued again
+        release.set()
         await until(lambda: not r.hexists(k.jobs, job), runner)
     finally:
         worker.request_stop()
         await asyncio.wait_for(runner, 10)
-    assert runs == [(job, 2)]  # the lost attempt counted; its lease ran out, then the recoverer queued it
-    assert time.monotonic() - t0 > 1.0
+        app.close()
+    assert runs == [(job, 1)] and fetched == []  # pushed, run once
+    assert waker.recovered == 0 and r.hget(k.stats, "handed_back") is None
+
+
+async def test_jobs_enqueued_while_the_worker_resubscribes_each_run_once(server: EmbeddedRedis) -> None:
+    app = _long_lease(server)
+    r, k = app.broker.sync, app.broker.keys.queue("default")
+    runs: list[tuple[str, int]] = []
+
+    @app.task(name="t")
+    async def t(ctx: Any) -> None:
+        runs.append((ctx.id, ctx.attempt))
+        await asyncio.sleep(0.01)
+
+    worker = Worker(app, concurrency=4)
+    runner = asyncio.create_task(worker.run())
+    jobs: list[str] = []
+    try:
+        for _ in range(3):
+            await _idle(app, worker, runner, "default")
+            with r.pipeline(transaction=True) as p:
+                jobs.append(_raw_enqueue(p, app, "default", "t"))
+                _kill_listener(r, p)
+                p.execute()
+            for _ in range(20):  # pushed, or queued, around the reconnect and the check
+                jobs.append(t.enqueue())
+                await asyncio.sleep(0.01)
+            await until(lambda: len(runs) >= len(jobs), runner, timeout=10)
+        await asyncio.sleep(0.5)  # no second run
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(runner, 10)
+        app.close()
+    assert sorted(runs) == sorted((j, 1) for j in jobs)  # each once, no attempt counted twice
+    assert worker.processor.fetcher.waker.checks >= 3
+    assert not r.zcard(k.active) and not r.llen(k.pending)
 
 
 async def test_a_mark_nobody_listens_on_is_dropped_and_the_job_pushed_to_the_next_worker(app: App) -> None:

@@ -366,6 +366,13 @@ class Broker(Reads, Admin):
         return Call("requeue", [k.active, k.lease, k.attempts, k.pending, k.scheduled, k.stats, k.idle],
                     [job_id, token, at_ms, self.clock(), counter, k.wake], bool)
 
+    def hand_back_lost(self, queue: str, worker: str, held: Sequence[str]) -> Call[list[str]]:
+        """Give back the jobs pushed to ``worker`` whose wake message it never read (every pushed lease in its name
+        but the tokens it ``held``), their attempt not counted: hand_back_lost.lua says when that is safe."""
+        k = self.keys.queue(queue)
+        return Call("hand_back_lost", [k.active, k.lease, k.attempts, k.pending, k.stats, k.idle],
+                    [f"{worker}.p", self.clock(), k.wake, *held], _ids)
+
     def dead(self, queue: str, job_id: str, token: str, entry: dict[str, Any],
              fields: dict[str, Any], durable: bool = False) -> Call[bool]:
         """Move the job to dead-letter; ``durable``: a failed_jobs row is owed for it (``durable`` set)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import redis
@@ -13,6 +13,9 @@ import redis
 from ringfence.models import Fetched
 from ringfence.redis.broker import Broker
 from ringfence.redis.keys import QueueKeys
+
+BARRIER_S = 5.0  # the longest a re-subscribed worker waits for its PING's reply before it checks its leases
+PRUNE_AT = 64  # pushed jobs remembered before those finished are forgotten (one HMGET per queue)
 
 
 class Waker:
@@ -25,12 +28,27 @@ class Waker:
     def __init__(self, broker: Broker, worker_id: str, queues: Sequence[str]) -> None:
         self.broker = broker
         self.worker_id = worker_id
+        self.queues = list(queues)
         self.queue_keys: list[QueueKeys] = [broker.keys.queue(q) for q in queues]
         self._pubsub: Any = None
         # '<wake>:<worker>' -> queue: enqueue_ready.lua pushes a job leased to this worker on it
         self._own = {f"{k.wake}:{worker_id}": q for k, q in zip(self.queue_keys, queues, strict=True)}
         self.pushed: list[tuple[str, bytes]] = []  # (queue, message) read and not yet taken
         self.handed_back = 0
+        # token -> (queue, id): pushed jobs taken (started), forgotten once their lease is gone (_forget_finished)
+        self.taken: dict[str, tuple[str, str]] = {}
+        self._prune_at = PRUNE_AT
+        self.resubscribed = False  # the subscription was re-established: messages may have been lost (recover)
+        self.recovered = 0  # pushed jobs found lost and handed back by recover()
+        self.checks = 0  # recover() calls that checked the leases
+        self._pings = 0
+
+    def _on_reconnect(self, connection: Any) -> None | Awaitable[None]:
+        """redis-py re-established the pub/sub connection (and re-subscribed on it): messages sent to the old one
+        are lost, so the worker checks its leases (``recover``). A PING ends the idle wait now (its reply comes
+        after the subscribe replies) instead of at the fallback timer."""
+        self.resubscribed = True
+        return connection.send_command("PING", b"ringfence-resubscribed", check_health=False)
 
     async def start(self) -> None:
         self._pubsub = self.broker.aio.pubsub(ignore_subscribe_messages=True)
@@ -38,6 +56,7 @@ class Waker:
             await self._pubsub.ssubscribe(*[k.wake for k in self.queue_keys], *self._own)
         else:
             await self._pubsub.subscribe(*[k.wake for k in self.queue_keys], *self._own)
+            self._pubsub.connection.register_connect_callback(self._on_reconnect)
 
     async def mark_busy(self) -> None:
         async with self.broker.aio.pipeline(transaction=False) as p:
@@ -60,6 +79,8 @@ class Waker:
         return woke
 
     def _keep(self, msg: dict[str, Any]) -> None:
+        if msg["type"] == "pong":  # _on_reconnect's or recover's PING
+            return
         queue = self._own.get(msg["channel"].decode())
         if queue is not None:
             self.pushed.append((queue, msg["data"]))
@@ -71,14 +92,16 @@ class Waker:
         for queue, message in self.pushed:
             attempt, deadline, token, entry = message.split(b" ", 3)
             at = entry.index(b"{")
-            out.append((Fetched(entry[:at].decode(), queue, entry[at:], int(attempt), token.decode(), now),
-                        int(deadline)))
+            job = Fetched(entry[:at].decode(), queue, entry[at:], int(attempt), token.decode(), now)
+            self.taken[job.token] = (queue, job.id)
+            out.append((job, int(deadline)))
         self.pushed = []
         return out
 
     async def hand_back(self, job: Fetched) -> None:
         """Give a pushed job back at once, its attempt not counted (a no-op once its lease ran out)."""
         self.handed_back += 1
+        self.taken.pop(job.token, None)
         await self.broker.arun(self.broker.requeue(job.queue, job.id, job.token, self.broker.clock(),
                                                    "handed_back"))
 
@@ -98,16 +121,81 @@ class Waker:
             if (woke and msg is None) or (not woke and loop.time() >= deadline):
                 return woke
 
+    async def recover(self) -> None:
+        """After the subscription was re-established: hand back at once the jobs pushed to this worker whose
+        message was lost with the old connection (else they wait for their lease to run out and the recoverer).
+
+        Its idle marks are removed first, so no job is pushed to it from then on (its next fetch marks it again);
+        then it reads its subscription up to the reply of a PING sent after that, so every message published to
+        it before is read. Each pushed lease in its name whose token it neither read nor holds was lost: one
+        script per queue gives those back (hand_back_lost.lua), their attempt not counted. Not on a Cluster."""
+        self.resubscribed = False  # a reconnect from here on sets it again
+        if self.broker.cluster or self._pubsub is None:
+            return
+        await self.mark_busy()
+        if not await self._read_through():
+            self.resubscribed = True  # the reply was lost with yet another connection: checked next time
+            return
+        await self._forget_finished()
+        held = [*self.taken]
+        for _, message in self.pushed:
+            held.append(message.split(b" ", 3)[2].decode())
+        for queue in self.queues:
+            ids = await self.broker.arun(self.broker.hand_back_lost(queue, self.worker_id, held))
+            self.recovered += len(ids)
+        self.checks += 1
+
+    async def _read_through(self) -> bool:
+        """Read every message published to this worker before now: a PING's reply comes after them."""
+        self._pings += 1
+        marker = f"ringfence-barrier-{self._pings}".encode()
+        await self._pubsub.ping(marker)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + BARRIER_S
+        while (left := deadline - loop.time()) > 0:
+            msg = await self._pubsub.get_message(timeout=left)
+            if msg is None:
+                break
+            if msg["type"] == "pong" and msg["data"] == marker:
+                return True
+            self._keep(msg)
+        return False
+
+    async def forget_finished(self) -> None:
+        """Forget the taken pushed jobs whose lease their token no longer holds (acked, retried, requeued): what
+        ``recover`` must never hand back stays remembered (a job finished but not acked yet holds its lease)."""
+        if len(self.taken) >= self._prune_at:
+            await self._forget_finished()
+
+    async def _forget_finished(self) -> None:
+        taken = list(self.taken.items())
+        if taken:
+            async with self.broker.aio.pipeline(transaction=False) as p:
+                for token, (queue, job_id) in taken:
+                    p.hget(self.broker.keys.queue(queue).lease, job_id)
+                holders = await p.execute()
+            for (token, entry), holder in zip(taken, holders, strict=True):
+                if holder != token.encode() and self.taken.get(token) is entry:
+                    del self.taken[token]
+        self._prune_at = max(PRUNE_AT, 2 * len(self.taken))
+
     async def restart(self) -> None:
         """Subscribe again after a lost connection (errors are left for the next cycle to report)."""
         old, self._pubsub = self._pubsub, None
         if old is not None:
             with contextlib.suppress(redis.RedisError, OSError):
-                await old.aclose()
+                await self._close(old)
         try:
             await self.start()
         except (redis.RedisError, OSError):
             self._pubsub = None
+        else:
+            self.resubscribed = not self.broker.cluster  # messages sent to the old connection may be lost
+
+    async def _close(self, pubsub: Any) -> None:
+        if pubsub.connection is not None and not self.broker.cluster:  # the connection goes back to the pool
+            pubsub.connection.deregister_connect_callback(self._on_reconnect)
+        await pubsub.aclose()
 
     async def close(self) -> None:
         if self._pubsub is not None:
@@ -118,7 +206,7 @@ class Waker:
                         self._keep(msg)
                 for job, _ in self.take():
                     await self.hand_back(job)
-                await self._pubsub.aclose()
+                await self._close(self._pubsub)
             except (redis.RedisError, OSError, asyncio.CancelledError):
                 pass
             self._pubsub = None

@@ -36,7 +36,11 @@ class Fetcher:
 
         Each fetch moves this worker's idle mark in its queue (fetch.lua). A job enqueued while the worker sleeps
         comes leased in the wake message itself (enqueue_ready.lua) and starts with no fetch; a plain wake-up is
-        followed by one fetch round trip."""
+        followed by one fetch round trip. Once the wake subscription was re-established, the jobs pushed to this
+        worker whose message was lost are handed back first (``Waker.recover``)."""
+        if self.waker.resubscribed:
+            await self.waker.recover()
+        await self.waker.forget_finished()
         if await self.fetch(free, start):
             if self._marked:  # a queue left empty marked it idle, yet it will not wait: jobs must not wait on it
                 await self.waker.mark_busy()
