@@ -185,8 +185,15 @@ async def test_a_job_pushed_and_running_is_not_handed_back_when_the_worker_resub
             p.execute()
         await until(lambda: waker.checks == 1, runner, timeout=10)
         assert r.hget(k.lease, job) == token and r.llen(k.pending) == 0  # still its lease, not queued again
+        assert job in {j for _, j in waker.taken.values()}
         release.set()
         await until(lambda: not r.hexists(k.jobs, job), runner)
+        await _idle(app, worker, runner, "default")
+        with r.pipeline(transaction=True) as p:  # once more: a job acked is forgotten by the check
+            _kill_listener(r, p)
+            p.execute()
+        await until(lambda: waker.checks == 2, runner, timeout=10)
+        assert waker.taken == {}
     finally:
         worker.request_stop()
         await asyncio.wait_for(runner, 10)

@@ -43,12 +43,13 @@ class Waker:
         self.checks = 0  # recover() calls that checked the leases
         self._pings = 0
 
-    def _on_reconnect(self, connection: Any) -> None | Awaitable[None]:
+    def _on_reconnect(self, connection: Any) -> Awaitable[None]:
         """redis-py re-established the pub/sub connection (and re-subscribed on it): messages sent to the old one
         are lost, so the worker checks its leases (``recover``). A PING ends the idle wait now (its reply comes
         after the subscribe replies) instead of at the fallback timer."""
         self.resubscribed = True
-        return connection.send_command("PING", b"ringfence-resubscribed", check_health=False)
+        sent: Awaitable[None] = connection.send_command("PING", b"ringfence-resubscribed", check_health=False)
+        return sent
 
     async def start(self) -> None:
         self._pubsub = self.broker.aio.pubsub(ignore_subscribe_messages=True)
@@ -171,7 +172,7 @@ class Waker:
         taken = list(self.taken.items())
         if taken:
             async with self.broker.aio.pipeline(transaction=False) as p:
-                for token, (queue, job_id) in taken:
+                for _, (queue, job_id) in taken:
                     p.hget(self.broker.keys.queue(queue).lease, job_id)
                 holders = await p.execute()
             for (token, entry), holder in zip(taken, holders, strict=True):
