@@ -145,7 +145,8 @@ def test_a_second_signal_stops_children_at_once_and_the_exit_code_says_so(
     time.sleep(0.5)
     t0 = time.monotonic()
     sup.signal(signal.SIGTERM)
-    assert sup.wait(20) == 130  # the children's "exited at once" code, not a clean 0
+    code = sup.wait(20)
+    assert code == 130, sup.output()  # the children's "exited at once" code, not a clean 0
     assert time.monotonic() - t0 < 10
     assert not records(rdb, namespace, "finished")
 
@@ -154,3 +155,20 @@ def test_restart_delays_double_after_each_failed_start_up_to_the_cap() -> None:
     from ringfence.worker.supervisor import Backoff
 
     assert [Backoff().delay_s(n) for n in range(1, 9)] == [0.5, 1, 2, 4, 8, 16, 30, 30]
+
+
+def test_a_second_signal_during_the_interpreter_teardown_does_not_kill_the_worker(
+    redis_url, namespace, spawn_worker, tmp_path: Path
+) -> None:
+    """A worker stopped cleanly that gets a second signal after its last Python code ran (the interpreter frees
+    its modules, slow under load; the supervisor passes a second signal on to every child) exits with its own
+    code, not killed by the signal (143), which the supervisor would report instead of its children's."""
+    mark = tmp_path / "teardown"
+    app, _ = producer(redis_url, namespace)
+    w = spawn_worker("--app", "slowexitapp:app", env={"TEST_TEARDOWN_MARK": str(mark)})
+    wait_until(lambda: len(app.broker.servers()) == 1, timeout=30)
+    w.signal(signal.SIGTERM)
+    wait_until(mark.exists, timeout=20)
+    w.signal(signal.SIGTERM)
+    code = w.wait(20)
+    assert code == 0, w.output()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import signal
@@ -284,6 +285,11 @@ def run_loop(main: Coroutine[Any, Any, int]) -> int:
     return asyncio.run(main)
 
 
+def _ignore_stop_signals() -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def run_worker(app: App, queues: list[tuple[str, int]] | None = None, *, concurrency: int = 10,
                strict: bool = False, max_wait: dict[str, float] | None = None, scheduler: bool = False,
                metrics_port: int | None = None, alerts: bool = True, metrics_host: str = "127.0.0.1") -> int:
@@ -294,6 +300,10 @@ def run_worker(app: App, queues: list[tuple[str, int]] | None = None, *, concurr
     # interpreter teardown, slow under load) must still mean "exit at once" with its code, not death by signal.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.request_stop())
+    # The interpreter's own teardown, after the atexit hooks, gives Python handlers back to the default (death by
+    # signal: 143, which a supervisor would report instead of the worker's code): from the hooks on, the stop
+    # signals are ignored. The worker is exiting already, with its code.
+    atexit.register(_ignore_stop_signals)
     if worker.processor.threads:
         # A thread cannot be stopped: leave without joining it. Its job's lease, no longer renewed, brings it back.
         log.warning("exiting with %d sync handler(s) still running; their jobs return when their leases lapse",
