@@ -104,7 +104,8 @@ def is_park(statement: str, parameters: Any) -> bool:
 def one_dead(app: App) -> bool:
     try:
         return bool(app.broker.queue_counts("default")["dead"] == 1)
-    except redis.ConnectionError:  # restarting (LOADING is one too)
+    except (redis.ConnectionError, redis.TimeoutError):
+        # restarting: refused, LOADING (a ConnectionError too) or, under load, no reply within the socket timeout
         return False
 
 
