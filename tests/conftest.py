@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from ringfence import App
+from ringfence.redis.embedded import EmbeddedRedis, free_port
 from support import (  # noqa: F401 (re-exported for tests)
     FAST,
     REDIS_URL,
@@ -27,6 +28,15 @@ from support import (  # noqa: F401 (re-exported for tests)
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     return redis_answering(REDIS_URL)
+
+
+@pytest.fixture
+def private_redis() -> Iterator[EmbeddedRedis]:
+    """A redis-server of the test's own on a free port, DEBUG enabled: its connections, commands and restarts are
+    the test's alone."""
+    s = EmbeddedRedis.temporary(port=free_port(), extra=("--enable-debug-command", "yes"))
+    yield s
+    s.stop()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -21,13 +20,6 @@ from ringfence.redis.direct import AsyncDirectCalls
 from ringfence.redis.embedded import EmbeddedRedis, free_port
 
 
-@pytest.fixture
-def server() -> Iterator[EmbeddedRedis]:
-    s = EmbeddedRedis.temporary(port=free_port(), extra=("--enable-debug-command", "yes"))
-    yield s
-    s.stop()
-
-
 def _app(url: str, **settings: float) -> App:
     return App(url, namespace="adirect-" + os.urandom(4).hex(), redis=ConnectionSettings(**settings))
 
@@ -36,10 +28,10 @@ def _calls(admin: redis.Redis, command: str) -> int:
     return int(admin.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
-def test_an_ack_uses_a_kept_connection_and_survives_the_server_closing_it(server: EmbeddedRedis) -> None:
-    app = _app(f"redis://127.0.0.1:{server.port}/0")
+def test_an_ack_uses_a_kept_connection_and_survives_the_server_closing_it(private_redis: EmbeddedRedis) -> None:
+    app = _app(f"redis://127.0.0.1:{private_redis.port}/0")
     b = app.broker
-    admin = redis.Redis(port=server.port)
+    admin = redis.Redis(port=private_redis.port)
 
     async def go() -> None:
         assert await b.arun(b.ack("q", [("a", "t")])) == ["a"]  # not leased: refused, as ever
@@ -56,9 +48,9 @@ def test_an_ack_uses_a_kept_connection_and_survives_the_server_closing_it(server
     admin.close()
 
 
-def test_a_timed_out_call_closes_its_connection_and_the_next_reads_its_own_answer(server: EmbeddedRedis) -> None:
-    admin = redis.Redis(port=server.port)
-    direct = AsyncDirectCalls(aioredis.Redis(port=server.port, socket_timeout=0.3))
+def test_a_timed_out_call_closes_its_connection_and_the_next_reads_its_own_answer(private_redis: EmbeddedRedis) -> None:
+    admin = redis.Redis(port=private_redis.port)
+    direct = AsyncDirectCalls(aioredis.Redis(port=private_redis.port, socket_timeout=0.3))
 
     async def go() -> None:
         await direct.call("SET", "adirect-k", "before")
@@ -75,9 +67,9 @@ def test_a_timed_out_call_closes_its_connection_and_the_next_reads_its_own_answe
     admin.close()
 
 
-def test_a_call_cancelled_mid_command_closes_its_connection(server: EmbeddedRedis) -> None:
-    admin = redis.Redis(port=server.port)
-    direct = AsyncDirectCalls(aioredis.Redis(port=server.port))
+def test_a_call_cancelled_mid_command_closes_its_connection(private_redis: EmbeddedRedis) -> None:
+    admin = redis.Redis(port=private_redis.port)
+    direct = AsyncDirectCalls(aioredis.Redis(port=private_redis.port))
 
     async def go() -> None:
         first = await direct.call("CLIENT", "ID")
@@ -112,16 +104,16 @@ def test_a_sentinel_cluster_or_custom_client_keeps_redis_py_s_path() -> None:
     assert AsyncDirectCalls.usable(aioredis.Redis())
 
 
-def test_after_a_redis_restart_a_call_reconnects_and_loads_the_script_again(server: EmbeddedRedis) -> None:
-    app = _app(f"redis://127.0.0.1:{server.port}/0")
+def test_after_a_redis_restart_a_call_reconnects_and_loads_the_script_again(private_redis: EmbeddedRedis) -> None:
+    app = _app(f"redis://127.0.0.1:{private_redis.port}/0")
     b = app.broker
 
     async def go() -> None:
         assert await b.arun(b.ack("q", [("a", "t")])) == ["a"]
-        server.stop()
+        private_redis.stop()
         with pytest.raises(redis.ConnectionError):
             await b.arun(b.ack("q", [("b", "t")]))
-        server.start()  # empty: no scripts
+        private_redis.start()  # empty: no scripts
         assert await b.arun(b.ack("q", [("c", "t")])) == ["c"]
         await b.aclose()
 
@@ -131,8 +123,10 @@ def test_after_a_redis_restart_a_call_reconnects_and_loads_the_script_again(serv
 
 @pytest.mark.parametrize("options", [{"protocol": 2}, {"protocol": 3}, {"parser_class": _AsyncRESP2Parser}],
                          ids=["resp2", "resp3", "no-hiredis"])
-def test_each_protocol_and_parser_gives_the_same_replies(server: EmbeddedRedis, options: dict[str, object]) -> None:
-    direct = AsyncDirectCalls(aioredis.Redis(connection_pool=aioredis.ConnectionPool(port=server.port, **options)))
+def test_each_protocol_and_parser_gives_the_same_replies(private_redis: EmbeddedRedis,
+                                                          options: dict[str, object]) -> None:
+    pool = aioredis.ConnectionPool(port=private_redis.port, **options)
+    direct = AsyncDirectCalls(aioredis.Redis(connection_pool=pool))
 
     async def go() -> None:
         assert await direct.call("DEL", "adirect-l") in (0, 1)
@@ -156,9 +150,9 @@ def test_each_protocol_and_parser_gives_the_same_replies(server: EmbeddedRedis, 
     asyncio.run(go())
 
 
-def test_a_connection_idle_past_the_health_check_interval_is_pinged_first(server: EmbeddedRedis) -> None:
-    admin = redis.Redis(port=server.port)
-    direct = AsyncDirectCalls(aioredis.Redis(port=server.port, health_check_interval=0.2))
+def test_a_connection_idle_past_the_health_check_interval_is_pinged_first(private_redis: EmbeddedRedis) -> None:
+    admin = redis.Redis(port=private_redis.port)
+    direct = AsyncDirectCalls(aioredis.Redis(port=private_redis.port, health_check_interval=0.2))
 
     async def go() -> None:
         await direct.call("SET", "adirect-h", 1)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -18,13 +17,6 @@ from ringfence.redis.connection import ConnectionSettings
 from ringfence.redis.direct import DirectCalls
 from ringfence.redis.embedded import EmbeddedRedis, free_port
 from ringfence.redis.keys import split_entry
-
-
-@pytest.fixture
-def server() -> Iterator[EmbeddedRedis]:
-    s = EmbeddedRedis.temporary(port=free_port(), extra=("--enable-debug-command", "yes"))
-    yield s
-    s.stop()
 
 
 def _app(url: str, **settings: float) -> App:
@@ -41,11 +33,11 @@ def _pending(app: App) -> list[bytes]:
     return [split_entry(e)[0].encode() for e in entries]  # ids (a job may be inline: '<id><spec>')
 
 
-def test_an_enqueue_uses_a_kept_connection_and_survives_the_server_closing_it(server: EmbeddedRedis) -> None:
-    app = _app(f"redis://127.0.0.1:{server.port}/0")
+def test_an_enqueue_uses_a_kept_connection_and_survives_the_server_closing_it(private_redis: EmbeddedRedis) -> None:
+    app = _app(f"redis://127.0.0.1:{private_redis.port}/0")
     first = app.enqueue("noop", n=1)
     assert isinstance(app.broker._direct, DirectCalls)
-    admin = redis.Redis(port=server.port)
+    admin = redis.Redis(port=private_redis.port)
     killed = admin.client_kill_filter(_type="normal", skipme=True)  # every client of the app, the kept one too
     assert killed >= 1
     second = app.enqueue("noop", n=2)  # one retry on a fresh connection, as redis-py's own client does
@@ -55,10 +47,10 @@ def test_an_enqueue_uses_a_kept_connection_and_survives_the_server_closing_it(se
 
 
 def test_a_timed_out_call_runs_once_and_its_late_reply_is_not_read_as_the_next_answer(
-        server: EmbeddedRedis) -> None:
-    app = _app(f"redis://127.0.0.1:{server.port}/0", socket_timeout_s=0.3)
+        private_redis: EmbeddedRedis) -> None:
+    app = _app(f"redis://127.0.0.1:{private_redis.port}/0", socket_timeout_s=0.3)
     app.enqueue("noop", n=0)
-    admin = redis.Redis(port=server.port)
+    admin = redis.Redis(port=private_redis.port)
     sleeper = threading.Thread(target=admin.execute_command, args=("DEBUG", "SLEEP", "1"))
     sleeper.start()  # the server stops answering for 1 s; a script sent meanwhile runs after it
     time.sleep(0.1)
@@ -86,13 +78,13 @@ def test_a_sentinel_cluster_or_custom_client_keeps_redis_py_s_path() -> None:
     assert DirectCalls.usable(redis.Redis())
 
 
-def test_an_enqueue_after_a_redis_restart_reconnects_and_loads_the_script_again(server: EmbeddedRedis) -> None:
-    app = _app(f"redis://127.0.0.1:{server.port}/0")
+def test_an_enqueue_after_a_redis_restart_reconnects_and_loads_the_script_again(private_redis: EmbeddedRedis) -> None:
+    app = _app(f"redis://127.0.0.1:{private_redis.port}/0")
     first = app.enqueue("noop", n=1)
-    server.stop()
+    private_redis.stop()
     with pytest.raises(redis.ConnectionError):
         app.enqueue("noop", n=2)  # refused: the error reaches the caller, nothing is queued
-    server.start()  # empty: no jobs, no scripts
+    private_redis.start()  # empty: no jobs, no scripts
     second = app.enqueue("noop", n=3)
     assert _pending(app) == [second.encode()]
     assert second != first
@@ -100,8 +92,8 @@ def test_an_enqueue_after_a_redis_restart_reconnects_and_loads_the_script_again(
 
 
 def test_an_error_reply_keeps_the_connection_and_bad_arguments_are_refused_before_sending(
-        server: EmbeddedRedis) -> None:
-    direct = DirectCalls(redis.Redis(port=server.port))
+        private_redis: EmbeddedRedis) -> None:
+    direct = DirectCalls(redis.Redis(port=private_redis.port))
     assert direct.call("SET", "direct-k", "v") == b"OK"
     with pytest.raises(redis.ResponseError):
         direct.call("LPUSH", "direct-k", "x")  # WRONGTYPE
@@ -114,8 +106,9 @@ def test_an_error_reply_keeps_the_connection_and_bad_arguments_are_refused_befor
 
 @pytest.mark.parametrize("options", [{"protocol": 2}, {"protocol": 3}, {"parser_class": _RESP2Parser}],
                          ids=["resp2", "resp3", "no-hiredis"])
-def test_each_protocol_and_parser_gives_the_same_replies(server: EmbeddedRedis, options: dict[str, object]) -> None:
-    direct = DirectCalls(redis.Redis(connection_pool=redis.ConnectionPool(port=server.port, **options)))
+def test_each_protocol_and_parser_gives_the_same_replies(private_redis: EmbeddedRedis,
+                                                          options: dict[str, object]) -> None:
+    direct = DirectCalls(redis.Redis(connection_pool=redis.ConnectionPool(port=private_redis.port, **options)))
     assert direct.call("DEL", "direct-l") in (0, 1)
     assert direct.call("RPUSH", "direct-l", "a", b"b", 3, 1.5) == 4
     assert direct.call("LRANGE", "direct-l", 0, -1) == [b"a", b"b", b"3", b"1.5"]
@@ -126,9 +119,9 @@ def test_each_protocol_and_parser_gives_the_same_replies(server: EmbeddedRedis, 
     direct.close()
 
 
-def test_a_connection_idle_past_the_health_check_interval_is_pinged_first(server: EmbeddedRedis) -> None:
-    app = _app(f"redis://127.0.0.1:{server.port}/0", health_check_interval_s=0.2)
-    admin = redis.Redis(port=server.port)
+def test_a_connection_idle_past_the_health_check_interval_is_pinged_first(private_redis: EmbeddedRedis) -> None:
+    app = _app(f"redis://127.0.0.1:{private_redis.port}/0", health_check_interval_s=0.2)
+    admin = redis.Redis(port=private_redis.port)
     app.enqueue("noop", n=1)
     pings = admin.info("commandstats").get("cmdstat_ping", {}).get("calls", 0)
     app.enqueue("noop", n=2)  # used again at once: no PING
@@ -141,8 +134,8 @@ def test_a_connection_idle_past_the_health_check_interval_is_pinged_first(server
     admin.close()
 
 
-def test_a_forked_child_never_uses_its_parent_s_connections(server: EmbeddedRedis) -> None:
-    app = _app(f"redis://127.0.0.1:{server.port}/0")
+def test_a_forked_child_never_uses_its_parent_s_connections(private_redis: EmbeddedRedis) -> None:
+    app = _app(f"redis://127.0.0.1:{private_redis.port}/0")
     app.enqueue("noop", n=1)
     direct = app.broker._direct
     assert direct is not None

@@ -8,9 +8,10 @@ and its pub/sub clients are this test's alone."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,28 @@ def _raw_enqueue(p: Any, app: App, queue: str, task: str) -> str:
     return job_id
 
 
+@contextlib.asynccontextmanager
+async def _running(worker: Worker) -> AsyncIterator[asyncio.Task[Any]]:
+    """The worker running (its task), stopped on the way out."""
+    runner = asyncio.create_task(worker.run())
+    try:
+        yield runner
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(runner, 10)
+
+
+def _recording(app: App, name: str = "t") -> tuple[list[tuple[str, int]], Any]:
+    """A task that records (id, attempt) of each run."""
+    runs: list[tuple[str, int]] = []
+
+    @app.task(name=name)
+    async def t(ctx: Any) -> None:
+        runs.append((ctx.id, ctx.attempt))
+
+    return runs, t
+
+
 async def _idle(app: App, worker: Worker, runner: asyncio.Task[Any], *queues: str) -> None:
     keys = [app.broker.keys.queue(q).idle for q in queues]
     await until(lambda: all(app.broker.sync.zscore(k, worker.server_id) for k in keys), runner, timeout=10)
@@ -90,8 +113,7 @@ async def test_an_idle_worker_starts_a_pushed_job_with_a_lease_like_a_fetchs_and
 
     fetched = _fetched_ids(app)
     worker = Worker(app, concurrency=2)
-    runner = asyncio.create_task(worker.run())
-    try:
+    async with _running(worker) as runner:
         for n in range(1, 4):
             await _idle(app, worker, runner, "default")
             job = t.enqueue()
@@ -103,19 +125,19 @@ async def test_an_idle_worker_starts_a_pushed_job_with_a_lease_like_a_fetchs_and
             release.set()
             await until(lambda job=job: not r.hexists(k.jobs, job), runner)  # acked under the pushed token
             release.clear()
-    finally:
-        worker.request_stop()
-        await asyncio.wait_for(runner, 10)
     assert fetched == []  # each job came in its wake message: no fetch returned one
     assert r.hget(k.stats, "processed") == b"3"
     assert not r.zcard(k.active) and not r.hlen(k.lease) and not r.hlen(k.attempts)
 
 
-def _long_lease(server: EmbeddedRedis) -> App:
+@pytest.fixture
+def long_leases(server: EmbeddedRedis) -> Iterator[App]:
     """Leases of 20 s (the default): a job left to lease recovery would wait that long."""
     settings = WorkerSettings(lease_s=20.0, heartbeat_s=5.0, recover_interval_s=0.5, promote_interval_s=0.1,
                               shutdown_timeout_s=3.0, server_ttl_s=10.0)
-    return App(server.url, f"t{uuid.uuid4().hex[:8]}", environment="test", worker=settings)
+    a = App(server.url, f"t{uuid.uuid4().hex[:8]}", environment="test", worker=settings)
+    yield a
+    a.close()
 
 
 def _kill_listener(r: Any, p: Any) -> None:
@@ -124,19 +146,12 @@ def _kill_listener(r: Any, p: Any) -> None:
     p.client_kill_filter(_id=listener["id"])
 
 
-async def test_a_pushed_job_whose_message_is_lost_is_handed_back_once_the_worker_resubscribes(
-        server: EmbeddedRedis) -> None:
-    app = _long_lease(server)
+async def test_a_pushed_job_whose_message_is_lost_is_handed_back_once_the_worker_resubscribes(long_leases: App) -> None:
+    app = long_leases
     r, k = app.broker.sync, app.broker.keys.queue("default")
-    runs: list[tuple[str, int]] = []
-
-    @app.task(name="t")
-    async def t(ctx: Any) -> None:
-        runs.append((ctx.id, ctx.attempt))
-
+    runs, _ = _recording(app)
     worker = Worker(app)
-    runner = asyncio.create_task(worker.run())
-    try:
+    async with _running(worker) as runner:
         await _idle(app, worker, runner, "default")
         with r.pipeline(transaction=True) as p:  # leased and published, then the connection killed unread
             job = _raw_enqueue(p, app, "default", "t")
@@ -148,19 +163,14 @@ async def test_a_pushed_job_whose_message_is_lost_is_handed_back_once_the_worker
         started_s = time.monotonic() - t0
         await until(lambda: not r.hexists(k.jobs, job), runner)
         await asyncio.sleep(0.5)  # no second run
-    finally:
-        worker.request_stop()
-        await asyncio.wait_for(runner, 10)
-        app.close()
     assert runs == [(job, 1)]  # handed back, its attempt not counted: not left to the lease's 20 s
     assert started_s < 5, started_s
     assert worker.processor.fetcher.waker.recovered == 1
     assert r.hget(k.stats, "handed_back") == b"1" and r.hget(k.stats, "orphaned") is None
 
 
-async def test_a_job_pushed_and_running_is_not_handed_back_when_the_worker_resubscribes(
-        server: EmbeddedRedis) -> None:
-    app = _long_lease(server)
+async def test_a_job_pushed_and_running_is_not_handed_back_when_the_worker_resubscribes(long_leases: App) -> None:
+    app = long_leases
     r, k = app.broker.sync, app.broker.keys.queue("default")
     runs: list[tuple[str, int]] = []
     release = asyncio.Event()
@@ -173,8 +183,7 @@ async def test_a_job_pushed_and_running_is_not_handed_back_when_the_worker_resub
     fetched = _fetched_ids(app)
     worker = Worker(app, concurrency=2)
     waker = worker.processor.fetcher.waker
-    runner = asyncio.create_task(worker.run())
-    try:
+    async with _running(worker) as runner:
         await _idle(app, worker, runner, "default")
         job = t.enqueue()
         await until(lambda: runs, runner)
@@ -194,16 +203,12 @@ async def test_a_job_pushed_and_running_is_not_handed_back_when_the_worker_resub
             p.execute()
         await until(lambda: waker.checks == 2, runner, timeout=10)
         assert waker.taken == {}
-    finally:
-        worker.request_stop()
-        await asyncio.wait_for(runner, 10)
-        app.close()
     assert runs == [(job, 1)] and fetched == []  # pushed, run once
     assert waker.recovered == 0 and r.hget(k.stats, "handed_back") is None
 
 
-async def test_jobs_enqueued_while_the_worker_resubscribes_each_run_once(server: EmbeddedRedis) -> None:
-    app = _long_lease(server)
+async def test_jobs_enqueued_while_the_worker_resubscribes_each_run_once(long_leases: App) -> None:
+    app = long_leases
     r, k = app.broker.sync, app.broker.keys.queue("default")
     runs: list[tuple[str, int]] = []
 
@@ -213,9 +218,8 @@ async def test_jobs_enqueued_while_the_worker_resubscribes_each_run_once(server:
         await asyncio.sleep(0.01)
 
     worker = Worker(app, concurrency=4)
-    runner = asyncio.create_task(worker.run())
     jobs: list[str] = []
-    try:
+    async with _running(worker) as runner:
         for _ in range(3):
             await _idle(app, worker, runner, "default")
             with r.pipeline(transaction=True) as p:
@@ -227,10 +231,6 @@ async def test_jobs_enqueued_while_the_worker_resubscribes_each_run_once(server:
                 await asyncio.sleep(0.01)
             await until(lambda: len(runs) >= len(jobs), runner, timeout=10)
         await asyncio.sleep(0.5)  # no second run
-    finally:
-        worker.request_stop()
-        await asyncio.wait_for(runner, 10)
-        app.close()
     assert sorted(runs) == sorted((j, 1) for j in jobs)  # each once, no attempt counted twice
     assert worker.processor.fetcher.waker.checks >= 3
     assert not r.zcard(k.active) and not r.llen(k.pending)
@@ -238,26 +238,17 @@ async def test_jobs_enqueued_while_the_worker_resubscribes_each_run_once(server:
 
 async def test_a_mark_nobody_listens_on_is_dropped_and_the_job_pushed_to_the_next_worker(app: App) -> None:
     r, k = app.broker.sync, app.broker.keys.queue("default")
-    runs: list[str] = []
-
-    @app.task
-    async def t(ctx: Any) -> None:
-        runs.append(ctx.id)
-
+    runs, t = _recording(app)
     fetched = _fetched_ids(app)
     worker = Worker(app)
-    runner = asyncio.create_task(worker.run())
-    try:
+    async with _running(worker) as runner:
         await _idle(app, worker, runner, "default")
         # a worker SIGKILLed while idle: its mark outlives it (first in line: the earliest end), nobody listens
         r.zadd(k.idle, {"gone.1": app.broker.clock() + 1000})
         r.hset(k.idle_lease, "gone.1", 2000)
         job = t.enqueue()
         await until(lambda: runs, runner)
-    finally:
-        worker.request_stop()
-        await asyncio.wait_for(runner, 10)
-    assert runs == [job] and fetched == []  # pushed to the worker that listens
+    assert runs == [(job, 1)] and fetched == []  # pushed to the worker that listens
     assert r.zscore(k.idle, "gone.1") is None
     assert not r.hexists(k.lease, job)
 
@@ -276,16 +267,12 @@ async def test_a_worker_pushed_more_jobs_than_its_free_slots_hands_the_extra_bac
     app.task(name="ta", queue="a")(body)
     app.task(name="tb", queue="b")(body)
     worker = Worker(app, [("a", 1), ("b", 1)], concurrency=1)
-    runner = asyncio.create_task(worker.run())
-    try:
+    async with _running(worker) as runner:
         await _idle(app, worker, runner, "a", "b")
         with r.pipeline(transaction=True) as p:  # a mark in each queue, each a promise of the one free slot
             jobs = [_raw_enqueue(p, app, "a", "ta"), _raw_enqueue(p, app, "b", "tb")]
             p.execute()
         await until(lambda: len(runs) == 2, runner)
-    finally:
-        worker.request_stop()
-        await asyncio.wait_for(runner, 10)
     assert most[0] == 1
     assert sorted(runs) == sorted((j, 1) for j in jobs)  # the one handed back: its attempt not counted
     handed = [r.hget(app.broker.keys.queue(q).stats, "handed_back") for q in ("a", "b")]
@@ -338,35 +325,22 @@ async def test_a_worker_that_will_not_wait_leaves_no_idle_mark_for_pushes(make_a
     idle_a = app.broker.keys.queue("a").idle
     tb.enqueue()
     worker = Worker(app, [("a", 1), ("b", 1)], concurrency=1, strict=True)
-    runner = asyncio.create_task(worker.run())
-    try:
+    async with _running(worker) as runner:
         await until(lambda: started, runner)
         await until(lambda: app.broker.sync.zscore(idle_a, worker.server_id) is None, runner, timeout=5)
         release.set()
         await until(lambda: app.broker.sync.zscore(idle_a, worker.server_id), runner, timeout=10)  # idle again
-    finally:
-        worker.request_stop()
-        await asyncio.wait_for(runner, 10)
 
 
 async def test_no_job_is_pushed_while_its_queue_is_paused(app: App) -> None:
     r, k = app.broker.sync, app.broker.keys.queue("default")
-    runs: list[str] = []
-
-    @app.task
-    async def t(ctx: Any) -> None:
-        runs.append(ctx.id)
-
+    runs, t = _recording(app)
     worker = Worker(app)
-    runner = asyncio.create_task(worker.run())
-    try:
+    async with _running(worker) as runner:
         await _idle(app, worker, runner, "default")  # marked idle, with its lease length, before the pause
         app.broker.set_paused("default", True)
         job = t.enqueue()
         await asyncio.sleep(1.5)  # three fallback fetches
         assert runs == [] and r.llen(k.pending) == 1 and not r.zscore(k.active, job)
         app.broker.set_paused("default", False)
-        await until(lambda: runs == [job], runner)
-    finally:
-        worker.request_stop()
-        await asyncio.wait_for(runner, 10)
+        await until(lambda: runs == [(job, 1)], runner)
