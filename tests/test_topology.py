@@ -279,21 +279,34 @@ def test_a_worker_waits_for_a_redis_still_loading_its_data(tmp_path: Path, redis
     App(url, ns, environment="test").task(name="noop")(_noop).enqueue(n=1)
     r.save()
     servers.kill(port)
-    servers.procs[port] = subprocess.Popen(  # a pause per key loaded: seconds of LOADING
+    servers.procs[port] = subprocess.Popen(  # a pause per key loaded: up to 40 s of LOADING, ended below
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--dbfilename",
-         "dump.rdb", "--save", "", "--key-load-delay", "100", "--loading-process-events-interval-bytes", "1024"],
+         "dump.rdb", "--save", "", "--key-load-delay", "1000", "--loading-process-events-interval-bytes", "1024"],
         stdout=subprocess.DEVNULL)
-    wait_until(lambda: _loading(port), timeout=10, interval=0.01)
+    wait_until(lambda: _loading(port), timeout=30, interval=0.01)
     rdb = redis.Redis.from_url(redis_url)
     w = worker(url, ns, redis_url, "--queues", "default")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(ln.decode(errors="replace") for ln in w.stdout or ()),
+                              daemon=True)
+    reader.start()
     try:
+        # However slowly the worker starts (a loaded machine), Redis is still loading when it first connects;
+        # once it was refused, the loading ends at once (CONFIG SET is served while loading).
+        wait_until(lambda: any("is unreachable (BusyLoadingError" in ln for ln in lines) or w.poll() is not None,
+                   timeout=60)
+        assert w.poll() is None, "".join(lines)
+        assert _loading(port)
+        redis.Redis(port=port).config_set("key-load-delay", 0)
         wait_until(lambda: runs(rdb, ns) or w.poll() is not None, timeout=60)
-        assert w.poll() is None, w.communicate()[0].decode(errors="replace")
+        assert w.poll() is None, "".join(lines)
     finally:
         w.send_signal(signal.SIGTERM)
-        out = w.communicate(timeout=30)[0].decode(errors="replace")
+        w.wait(30)
+        reader.join(10)
         rdb.delete(f"{ns}:test:runs")
         servers.stop()
+    out = "".join(lines)
     assert w.returncode == 0, out
     assert "is unreachable (BusyLoadingError" in out and "answers again" in out
 
