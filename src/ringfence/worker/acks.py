@@ -23,6 +23,7 @@ class Acks:
         self._ready = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()  # one flush at a time: stop() waits for the flusher's call in flight
 
     def add(self, queue: str, job_id: str, token: str) -> None:
         self._pending[queue].append((job_id, token))
@@ -36,7 +37,8 @@ class Acks:
         self._flusher = asyncio.create_task(self._loop(), name="acker")
 
     async def stop(self) -> None:
-        """Send what is pending, then stop the flusher."""
+        """Send what is pending, then stop the flusher: a call the flusher has in flight ends first (cancelled, it
+        would leave its jobs leased, acked or not)."""
         await self.flush()
         if self._flusher is not None:
             self._flusher.cancel()
@@ -56,6 +58,10 @@ class Acks:
                 self._ready.set()
 
     async def flush(self) -> None:
+        async with self._lock:
+            await self._flush()
+
+    async def _flush(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
