@@ -61,6 +61,11 @@ def _cpu(pid: int) -> tuple[float, float, int]:
     return int(fields[11]) / tick, int(fields[12]) / tick, switches
 
 
+def _threads(pid: int) -> int:
+    """How many threads the worker has (the main thread, the job threads, any other)."""
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
 def _profiler(profile: str, pid: int) -> subprocess.Popen[bytes]:
     """py-spy (raw stacks of every thread, ``SPY_FLAGS`` added, e.g. ``--gil``), or ``perf record`` for a
     file named ``*.perf``."""
@@ -92,7 +97,7 @@ def start_worker(src: str, app: str, url: str, log_dir: str, broker: Broker) -> 
 
 def drain(src: str, jobs: int, handler: str, url: str, log_dir: str, profile: str | None = None) -> dict[str, float]:
     """One drain of ``jobs`` by a fresh worker running ``src``: jobs/s, and per job: worker CPU (µs, user and
-    system), context switches, script calls (fetch + ack)."""
+    system), context switches, script calls (fetch + ack), and the threads it ended with."""
     broker = App(url).broker
     broker.sync.flushall()  # the private server of this run
     proc, env = start_worker(src, APPS[handler], url, log_dir, broker)
@@ -117,6 +122,7 @@ def drain(src: str, jobs: int, handler: str, url: str, log_dir: str, profile: st
                 raise SystemExit(f"the drain did not finish (log {log_dir}/worker.log)")
             time.sleep(0.002)
         user1, sys1, sw1 = _cpu(proc.pid)
+        threads = _threads(proc.pid)
         calls1 = broker.sync.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
         if spy is not None:
             spy.send_signal(signal.SIGINT)
@@ -125,7 +131,7 @@ def drain(src: str, jobs: int, handler: str, url: str, log_dir: str, profile: st
         return {"jobs_s": (done - first[1]) / max(now - first[0], 1e-9),
                 "cpu_us": (user1 - user0 + sys1 - sys0) / jobs * 1e6, "user_us": (user1 - user0) / jobs * 1e6,
                 "sys_us": (sys1 - sys0) / jobs * 1e6, "switches": (sw1 - sw0) / jobs,
-                "scripts": (calls1 - calls0) / jobs}
+                "scripts": (calls1 - calls0) / jobs, "threads": threads}
     finally:
         proc.send_signal(signal.SIGCONT)
         proc.terminate()
@@ -146,7 +152,8 @@ def main() -> int:
     def one(src: str, url: str, tmp: str) -> str:
         r = drain(src, args.jobs, args.handler, url, tmp, args.profile)
         return (f"{r['jobs_s']:,.0f} jobs/s, {r['cpu_us']:,.0f} µs CPU/job (user {r['user_us']:,.0f}, "
-                f"sys {r['sys_us']:,.0f}), {r['switches']:.1f} switches/job, {r['scripts']:.2f} script calls/job")
+                f"sys {r['sys_us']:,.0f}), {r['switches']:.1f} switches/job, {r['scripts']:.2f} script calls/job, "
+                f"{r['threads']} threads")
 
     alternate(args.src, args.rounds, "rf-drain-cpu-", one)
     return 0

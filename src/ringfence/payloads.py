@@ -50,6 +50,12 @@ class PayloadCodec:
         # Plain handlers: the parameters after ctx, checked in pydantic's strict JSON mode (built once).
         self._adapter = None if model is not None else signature_adapter(task_name, fn, list(self._params.values()))
         self._plain = None if model is not None or self._takes_any else plain_fields(fn, self._params)
+        # At run time the same check with the types pydantic returns unchanged (a float field's int becomes a
+        # float there, so it takes the full check): a stored plain payload is then the handler's kwargs as they
+        # are, without a JSON round trip through pydantic per job.
+        self._exact = None if self._plain is None else {
+            name: tuple(k for k in kinds if k is not int) if kinds == _SCALARS[float] else kinds
+            for name, kinds in self._plain.items()}
 
     # -- declaration ----------------------------------------------------------------------------
     def add_upcaster(self, from_version: int, fn: Upcaster) -> None:
@@ -70,7 +76,7 @@ class PayloadCodec:
     # -- enqueue --------------------------------------------------------------------------------
     def encode(self, payload: Any) -> dict[str, Any]:
         """The JSON-ready payload of the current version, validated; errors name the field."""
-        if self._plain is not None and type(payload) is dict and self._plainly_valid(payload):
+        if self._plain is not None and type(payload) is dict and self._plainly_valid(payload, self._plain):
             return payload
         if self.model is not None:
             if not isinstance(payload, self.model | dict):
@@ -89,11 +95,12 @@ class PayloadCodec:
         self.validate(payload)
         return payload
 
-    def _plainly_valid(self, payload: dict[str, Any]) -> bool:
+    def _plainly_valid(self, payload: dict[str, Any], plain: dict[str, tuple[type, ...]] | None = None) -> bool:
         """True when every field is a declared one whose annotation is a plain scalar (or none) and whose value
         has exactly that type, and no required field is missing: what the checks below would accept, in a tenth
-        of their time (every enqueue). False: those checks decide, and name what is wrong."""
-        plain = self._plain
+        of their time (every enqueue, and with ``_exact`` every run). False: those checks decide, and name what
+        is wrong."""
+        plain = plain if plain is not None else self._plain
         assert plain is not None
         for name, value in payload.items():
             kinds = plain.get(name)
@@ -145,7 +152,9 @@ class PayloadCodec:
         if version > self.version:
             raise PayloadTooNew(f"task {self.task!r}: payload version {version} is newer than this worker's "
                                 f"{self.version} (understood: {self.understood()})")
-        data = self.upcast(version, payload)
+        data = self.upcast(version, payload) if version != self.version else payload
+        if self._exact is not None and type(data) is dict and self._plainly_valid(data, self._exact):
+            return (), data  # what pydantic's strict check returns for these fields: the payload as it is
         if self.model is not None:
             try:
                 return (self.model.model_validate(data),), {}

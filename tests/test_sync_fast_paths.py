@@ -1,0 +1,82 @@
+"""Issue 12, sixth pass (docs/benchmarks.md, "Sixth pass: the sync drain and the `def` start"): the per-job
+work the worker's loop no longer does, and what must not change with it.
+
+- ``PayloadCodec.decode`` returns a stored plain payload as the handler's kwargs without pydantic's JSON round
+  trip when every field already has the exact type pydantic would return; anything else takes the full check.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ringfence.errors import PayloadError
+from ringfence.payloads import PayloadCodec
+
+
+def _handler(ctx: Any, f: float, i: int, s: str, b: bool, a: Any, u=None) -> None: ...  # type: ignore[no-untyped-def]
+
+
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**64), max_value=2**64), st.floats(),
+                   st.text(max_size=4), st.lists(st.integers(), max_size=2))
+
+
+def _full(codec: PayloadCodec, payload: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | str:
+    """What decode returned before the shortcut: the fields checked, then pydantic's strict JSON validation."""
+    try:
+        codec.check_fields(payload)
+        return (), codec.validate(payload)
+    except PayloadError as exc:
+        return str(exc)
+
+
+def _same(x: Any, y: Any) -> bool:
+    if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+        return True
+    return type(x) is type(y) and x == y
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.dictionaries(st.sampled_from(["f", "i", "s", "b", "a", "u", "z"]), VALUES))
+def test_decode_gives_what_the_full_check_gives(payload: dict[str, Any]) -> None:
+    codec = PayloadCodec("t", _handler, 1, None)
+    try:
+        stored = orjson.loads(orjson.dumps(payload))  # as a worker reads it back
+    except orjson.JSONEncodeError:
+        return  # never stored
+    full = _full(codec, stored)
+    if isinstance(full, str):
+        with pytest.raises(PayloadError):
+            codec.decode(1, stored)
+        return
+    args, kwargs = codec.decode(1, stored)
+    assert args == () and kwargs.keys() == full[1].keys()
+    assert all(_same(kwargs[k], full[1][k]) for k in kwargs)
+
+
+def test_a_float_field_stored_as_an_int_is_still_a_float_and_a_bad_payload_is_still_refused() -> None:
+    codec = PayloadCodec("t", _handler, 1, None)
+    ok = {"f": 3, "i": 1, "s": "x", "b": True, "a": None}
+    _, kwargs = codec.decode(1, ok)
+    assert type(kwargs["f"]) is float and kwargs["f"] == 3.0  # pydantic's conversion, not the int as stored
+    _, plain = codec.decode(1, {**ok, "f": 2.5})
+    assert plain == {**ok, "f": 2.5}
+    for bad in ({**ok, "i": True}, {**ok, "i": "5"}, {**ok, "zz": 1}, {"f": 1.0}):
+        with pytest.raises(PayloadError):
+            codec.decode(1, bad)
+
+
+def test_a_plain_payload_of_exact_types_is_not_sent_through_pydantic(monkeypatch: pytest.MonkeyPatch) -> None:
+    codec = PayloadCodec("t", _handler, 1, None)
+
+    def no(*a: Any, **k: Any) -> Any:
+        raise AssertionError("pydantic called for a plain payload")
+
+    monkeypatch.setattr(codec, "validate", no)
+    payload = {"f": 1.5, "i": 2, "s": "x", "b": False, "a": 3}
+    assert codec.decode(1, payload) == ((), payload)
