@@ -41,6 +41,27 @@ class Admission:
         self.fencing, self.observers = fencing, observers
         self._warned: set[tuple[str, str]] = set()  # (counter, task) warned once per worker
 
+    def admit_now(self, job: Fetched) -> Admitted | Verdict | None:
+        """``admit`` without a coroutine for the common case: a known task, nothing refused, a payload this code
+        reads (or one no retry can fix). None: ``admit`` decides (it may have to ask Redis or wait)."""
+        if job.spec is not None:
+            return None  # decoded before: ``admit`` looks again
+        try:
+            spec = JobSpec.decode(job.raw)
+        except BadRecord:
+            return None
+        task = self.registry.get(spec.task)
+        if task is None or self.refuse(job, spec, task) is not None:
+            return None
+        job.spec = spec
+        try:
+            args, kwargs = task.codec.decode(spec.version, spec.args)
+        except PayloadTooNew:
+            return None
+        except PayloadError as exc:
+            return Verdict(Outcome.DEAD, "bad_payload", str(exc))
+        return Admitted(task, spec, args, kwargs, False)
+
     async def admit(self, job: Fetched) -> Admitted | Verdict:
         try:
             spec = JobSpec.decode(job.raw)

@@ -111,31 +111,39 @@ class Processor:
     async def _execute(self, r: Running) -> None:
         try:
             verdict = await self._verdict(r)
-            if not r.settled and not r.lost and verdict.recorded:
+            if not r.settled and not r.lost and verdict.recorded and not self.settler.settle_now(r, verdict):
                 await self.settler.settle(r, verdict)
         except Exception:
             job_log(r).exception("job %s: recording its outcome failed; its lease will expire and it runs again",
                                  r.job.id)
         finally:
-            for table in (self.running, self.leftover):
-                if table.get(r.job.id) is r:
-                    del table[r.job.id]
+            job_id = r.job.id
+            if self.running.get(job_id) is r:
+                del self.running[job_id]
+            if self.leftover.get(job_id) is r:
+                del self.leftover[job_id]
             if self._free() >= self._want:
                 self._slot.set()
 
     async def _verdict(self, r: Running) -> Verdict:
-        admitted = await self.admission.admit(r.job)
+        job = r.job
+        admitted = self.admission.admit_now(job) or await self.admission.admit(job)
         if isinstance(admitted, Verdict):
             return admitted
-        wait = await self.gates.enter(r.job, admitted.task)
-        if wait is not None:
-            return Verdict(Outcome.REQUEUE, delay_s=wait.delay_s, counter=wait.counter)
+        task = admitted.task
+        # A job of a task without a concurrency limit or a dependency, in a queue without a limit, has no gate
+        # to pass: no coroutine, clock read or list per job for it (gates.py would find nothing to take).
+        gated = task.concurrency is not None or task.dependency is not None or job.queue in self.gates.queue_limits
+        if gated:
+            wait = await self.gates.enter(job, task)
+            if wait is not None:
+                return Verdict(Outcome.REQUEUE, delay_s=wait.delay_s, counter=wait.counter)
         try:
             verdict = await self.runner.run(r, admitted)
         finally:
-            if not r.abandoned:  # an abandoned thread keeps its slots until their leases lapse
-                await self.gates.release(r.job)
-        await self.observers.ran(r.job, admitted.task, verdict)
+            if gated and not r.abandoned:  # an abandoned thread keeps its slots until their leases lapse
+                await self.gates.release(job)
+        await self.observers.ran(job, task, verdict)
         return verdict
 
     # -- leases and shutdown --------------------------------------------------------------------

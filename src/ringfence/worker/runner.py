@@ -51,8 +51,21 @@ class Runner:
         try:
             if task.is_async:
                 value = await call_async(task, ctx, a.args, a.kwargs, timeout_s, self.bounds)
-            else:
+            elif self.leftover:
                 value = await self._sync(r, task, ctx, a.args, a.kwargs, timeout_s)
+            else:  # ``call_sync`` inline: two coroutine frames fewer to resume when the thread's outcome comes
+                run = r.thread = self.pool.submit(task.fn, (ctx, *a.args), a.kwargs, timeout_s, ctx, task.name,
+                                                  self.on_restart_required)
+                try:
+                    value = await run.future  # the handler's own return or error
+                except asyncio.CancelledError:
+                    raise
+                except BaseException:
+                    if run.overran:
+                        raise JobTimeout(timeout_s) from None
+                    raise
+                if run.overran:
+                    raise JobTimeout(timeout_s)
         except asyncio.CancelledError:
             if r.lost:
                 return LOST

@@ -37,6 +37,19 @@ class Settler:
         self.processed = 0
         self.failed = 0
 
+    def settle_now(self, r: Running, v: Verdict) -> bool:
+        """``settle`` without a coroutine for a plain ack (no stored result, not a duplicate): the ack joins the
+        batch. False: ``settle`` records the verdict."""
+        if v.outcome is not Outcome.ACK or v.result is not None or v.reason:
+            return False
+        job = r.job
+        r.settled = True
+        if r.started and job.spec is not None:
+            self.observers.finished(job.spec.task, job.queue, v.outcome, time.monotonic() - r.started)
+        self.processed += 1
+        self.acks.add(job.queue, job.id, job.token)
+        return True
+
     async def settle(self, r: Running, v: Verdict) -> None:
         job, b = r.job, self.broker
         r.settled = True
