@@ -3,11 +3,15 @@ work the worker's loop no longer does, and what must not change with it.
 
 - ``PayloadCodec.decode`` returns a stored plain payload as the handler's kwargs without pydantic's JSON round
   trip when every field already has the exact type pydantic would return; anything else takes the full check.
+- The job threads grow (one more when a call has waited ``grow_after_s`` while no thread took any) only when the
+  process was not held back by the machine: while its threads waited for a CPU, another thread would not help.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+import threading
 from typing import Any
 
 import orjson
@@ -17,6 +21,7 @@ from hypothesis import strategies as st
 
 from ringfence.errors import PayloadError
 from ringfence.payloads import PayloadCodec
+from ringfence.worker.calls import SyncRunner
 
 
 def _handler(ctx: Any, f: float, i: int, s: str, b: bool, a: Any, u=None) -> None: ...  # type: ignore[no-untyped-def]
@@ -80,3 +85,30 @@ def test_a_plain_payload_of_exact_types_is_not_sent_through_pydantic(monkeypatch
     monkeypatch.setattr(codec, "validate", no)
     payload = {"f": 1.5, "i": 2, "s": "x", "b": False, "a": 3}
     assert codec.decode(1, payload) == ((), payload)
+
+
+async def test_no_job_thread_is_added_while_the_process_waits_for_a_cpu() -> None:
+    runner = SyncRunner(4, grow_after_s=0.005)
+    queued = [0.0]
+
+    def starving() -> float:  # each look: a second more spent runnable without a CPU
+        queued[0] += 1.0
+        return queued[0]
+
+    runner.queued_s = starving  # type: ignore[method-assign]
+    release = threading.Event()
+    runs = [runner.submit(release.wait, (5,), {}) for _ in range(3)]  # one thread held, two calls wait
+    await asyncio.sleep(0.2)
+    assert len(runner._threads) == 1
+    runner.queued_s = lambda: queued[0]  # type: ignore[method-assign]  # the machine has a CPU for it again
+    await asyncio.sleep(0.2)
+    assert len(runner._threads) == 3  # slow calls: one thread each, as before
+    release.set()
+    assert [await r.future for r in runs] == [True] * 3
+    runner.close()
+
+
+def test_the_run_queue_wait_is_read_and_grows() -> None:
+    before = SyncRunner.queued_s()
+    assert before >= 0.0
+    assert SyncRunner.queued_s() >= before

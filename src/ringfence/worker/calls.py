@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
 import queue
 import threading
 import time
@@ -17,6 +18,11 @@ from typing import Any
 
 from ringfence.logs import job_logger
 from ringfence.tasks import JobContext, Task
+
+
+# The grower adds no thread when the process's threads spent this share of its wait (``grow_after_s``) runnable
+# but without a CPU: the machine, not a slow call, held the calls back.
+STARVED = 0.25
 
 
 class JobTimeout(Exception):
@@ -153,6 +159,7 @@ class SyncRunner:
         self._waiting: collections.deque[SyncRun] = collections.deque()  # queued while every thread was busy
         self._grower: asyncio.TimerHandle | None = None
         self._last_start = 0.0  # time.monotonic() when a thread last took a call
+        self._queued_since = 0.0  # the process's threads' run-queue wait (s) when the grower was armed
         # A thread that finishes a call while others wait in the queue does not wake the loop (unless
         # ``wake_batch`` are done): it runs the next one, and the loop hears of both when the queue runs dry or
         # ``_poll`` looks, within ``poll_s``. One loop wake-up for several jobs: the loop and the job threads take
@@ -178,6 +185,7 @@ class SyncRunner:
             else:
                 self._waiting.append(run)
                 if self._grower is None:
+                    self._queued_since = self.queued_s()
                     self._grower = loop.call_later(self.grow_after_s, self._grow)
         if timeout_s:
             self._arm(now + timeout_s)  # its earliest deadline: it has not started yet
@@ -200,10 +208,30 @@ class SyncRunner:
             return
         now = time.monotonic()
         if now - waiting[0].submitted >= self.grow_after_s and now - self._last_start >= self.grow_after_s:
-            self._start_thread()  # every thread is held by a slow call
-            waiting.popleft()
+            queued = self.queued_s()
+            starved = queued - self._queued_since >= self.grow_after_s * STARVED
+            self._queued_since = queued
+            if not starved:
+                self._start_thread()  # every thread is held by a slow call
+                waiting.popleft()
         if waiting and self._loop is not None:
             self._grower = self._loop.call_later(self.grow_after_s, self._grow)
+
+    @staticmethod
+    def queued_s() -> float:
+        """Seconds this process's threads have spent runnable but waiting for a CPU (Linux schedstat; 0 where
+        it cannot be read). When they spent ``STARVED`` of the grower's wait so (a busy machine), no call started
+        because the process was not given a CPU, not because a slow call holds every thread: another thread
+        would not run the waiting call sooner, and on this path each one added costs CPU per job (the GIL
+        taken from each other more often; docs/benchmarks.md, "Sixth pass: the sync drain and the `def` start")."""
+        total = 0
+        try:
+            for tid in os.listdir("/proc/self/task"):
+                with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                    total += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            pass  # a thread ended between the listing and the read, or no schedstat here
+        return total / 1e9
 
     def _work(self) -> None:
         calls, done = self._calls, self._done
@@ -255,9 +283,11 @@ class SyncRunner:
     def _poll_later(self) -> None:
         """Look again in ``poll_s`` while a finished call may be deferred: only while calls are queued can one be
         (both read under the lock the threads decide under), and a new call re-arms this."""
+        if self._poller is not None or self._loop is None:
+            return  # armed already (or nothing submitted yet)
         with self._lock:
             maybe = self._deferred or not self._calls.empty()
-        if maybe and self._poller is None and self._loop is not None:
+        if maybe:
             self._poller = self._loop.call_later(self.poll_s, self._poll)
 
     def _poll(self) -> None:
