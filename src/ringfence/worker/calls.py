@@ -135,7 +135,9 @@ class SyncRunner:
     per job the loop makes one future and no timer or callback.
 
     It starts ``first_threads`` threads and adds one, up to ``max_threads`` (one per slot), whenever a call has
-    waited ``grow_after_s`` while no thread took any: slow handlers soon get a thread each, while short ones
+    waited ``grow_after_s`` while no thread took any (the first time twice that: the run-queue time is read at
+    the first look), unless the process's threads waited for a CPU meanwhile (``queued_s``): slow handlers soon
+    get a thread each, while short ones
     are run by a few threads, which take the GIL from each other less often than one per slot would
     (docs/benchmarks.md, "Third pass: the sync drain"). One thread to start: with the loop's writes made
     without the GIL, a second one cost more CPU per peer job than it overlapped ("Fifth pass: the sync drain")."""
@@ -159,7 +161,9 @@ class SyncRunner:
         self._waiting: collections.deque[SyncRun] = collections.deque()  # queued while every thread was busy
         self._grower: asyncio.TimerHandle | None = None
         self._last_start = 0.0  # time.monotonic() when a thread last took a call
-        self._queued_since = 0.0  # the process's threads' run-queue wait (s) when the grower was armed
+        # The process's threads' run-queue wait (s) when the grower last found a call waiting with no thread free
+        # (None: not yet in this wait); one more thread only if it grew by less than ``STARVED`` of a period since.
+        self._queued_since: float | None = None
         # A thread that finishes a call while others wait in the queue does not wake the loop (unless
         # ``wake_batch`` are done): it runs the next one, and the loop hears of both when the queue runs dry or
         # ``_poll`` looks, within ``poll_s``. One loop wake-up for several jobs: the loop and the job threads take
@@ -185,7 +189,7 @@ class SyncRunner:
             else:
                 self._waiting.append(run)
                 if self._grower is None:
-                    self._queued_since = self.queued_s()
+                    self._queued_since = None  # read once a call has waited (not per arming: 20 µs)
                     self._grower = loop.call_later(self.grow_after_s, self._grow)
         if timeout_s:
             self._arm(now + timeout_s)  # its earliest deadline: it has not started yet
@@ -209,9 +213,8 @@ class SyncRunner:
         now = time.monotonic()
         if now - waiting[0].submitted >= self.grow_after_s and now - self._last_start >= self.grow_after_s:
             queued = self.queued_s()
-            starved = queued - self._queued_since >= self.grow_after_s * STARVED
-            self._queued_since = queued
-            if not starved:
+            since, self._queued_since = self._queued_since, queued
+            if since is not None and queued - since < self.grow_after_s * STARVED:
                 self._start_thread()  # every thread is held by a slow call
                 waiting.popleft()
         if waiting and self._loop is not None:
