@@ -77,6 +77,32 @@ def _profiler(profile: str, pid: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+# ``DRAIN_CALLGRIND=1``: the worker runs under callgrind, counting instructions only over the drain (from the
+# moment it is stopped to the last ack), all threads together: a count per job that a shared machine's load does
+# not move as it moves CPU time (valgrind runs one thread at a time: the job threads' hand-overs are not the real
+# ones). Slow: use a few thousand no-op jobs.
+CALLGRIND = bool(os.environ.get("DRAIN_CALLGRIND"))
+
+
+def _wrapper(log_dir: str) -> list[str]:
+    if not CALLGRIND:
+        return []
+    return ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-line=no",
+            f"--callgrind-out-file={log_dir}/callgrind.%p"]
+
+
+def _instructions(pid: int, log_dir: str) -> int:
+    """Instructions counted so far (callgrind_control dumps them; the file's ``summary:`` line)."""
+    subprocess.run(["callgrind_control", "--dump", str(pid)], check=True, capture_output=True)
+    total = 0
+    for name in os.listdir(log_dir):
+        if name.startswith(f"callgrind.{pid}"):
+            with open(os.path.join(log_dir, name)) as f:
+                total += sum(int(line.split()[1]) for line in f if line.startswith("summary:"))
+            os.remove(os.path.join(log_dir, name))
+    return total
+
+
 def start_worker(src: str, app: str, url: str, log_dir: str, broker: Broker) -> tuple[subprocess.Popen[bytes],
                                                                                       dict[str, str]]:
     """A ``ringfence worker`` of ``app`` on the peer queue running ``src``'s code, once it has registered (its log
@@ -84,9 +110,9 @@ def start_worker(src: str, app: str, url: str, log_dir: str, broker: Broker) -> 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, ADAPTERS, ROOT]), "PEERS_BROKER_URL": url,
            "PEERS_METRICS_URL": url.replace("/0", "/15")}
     with open(os.path.join(log_dir, "worker.log"), "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", app, "--queues", "peers"],
-                                env=env, stdout=log, stderr=log)
-    deadline = time.monotonic() + 60
+        proc = subprocess.Popen([*_wrapper(log_dir), sys.executable, "-m", "ringfence.cli", "worker", "--app", app,
+                                 "--queues", "peers"], env=env, stdout=log, stderr=log)
+    deadline = time.monotonic() + (600 if CALLGRIND else 60)
     while not broker.servers():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
@@ -104,6 +130,9 @@ def drain(src: str, jobs: int, handler: str, url: str, log_dir: str, profile: st
     try:
         deadline = time.monotonic() + 60
         time.sleep(1.0)  # past start-up: its first idle wait
+        if CALLGRIND:
+            subprocess.run(["callgrind_control", "--instr=on", str(proc.pid)], check=True, capture_output=True)
+            _instructions(proc.pid, log_dir)  # the count starts here
         os.kill(proc.pid, signal.SIGSTOP)
         subprocess.run([sys.executable, "-c", f"import peer_ringfence as p; p.Producer().bulk({jobs})"], env=env,
                        check=True)
@@ -118,11 +147,12 @@ def drain(src: str, jobs: int, handler: str, url: str, log_dir: str, profile: st
             first = first or ((now, done) if done else None)
             if done >= jobs:
                 break
-            if proc.poll() is not None or time.monotonic() > deadline + 300:
+            if proc.poll() is not None or time.monotonic() > deadline + (3000 if CALLGRIND else 300):
                 raise SystemExit(f"the drain did not finish (log {log_dir}/worker.log)")
             time.sleep(0.002)
         user1, sys1, sw1 = _cpu(proc.pid)
         threads = _threads(proc.pid)
+        instructions = _instructions(proc.pid, log_dir) if CALLGRIND else 0
         calls1 = broker.sync.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
         if spy is not None:
             spy.send_signal(signal.SIGINT)
@@ -131,7 +161,8 @@ def drain(src: str, jobs: int, handler: str, url: str, log_dir: str, profile: st
         return {"jobs_s": (done - first[1]) / max(now - first[0], 1e-9),
                 "cpu_us": (user1 - user0 + sys1 - sys0) / jobs * 1e6, "user_us": (user1 - user0) / jobs * 1e6,
                 "sys_us": (sys1 - sys0) / jobs * 1e6, "switches": (sw1 - sw0) / jobs,
-                "scripts": (calls1 - calls0) / jobs, "threads": threads}
+                "scripts": (calls1 - calls0) / jobs, "threads": threads,
+                "instructions": instructions / jobs}
     finally:
         proc.send_signal(signal.SIGCONT)
         proc.terminate()
@@ -153,7 +184,7 @@ def main() -> int:
         r = drain(src, args.jobs, args.handler, url, tmp, args.profile)
         return (f"{r['jobs_s']:,.0f} jobs/s, {r['cpu_us']:,.0f} µs CPU/job (user {r['user_us']:,.0f}, "
                 f"sys {r['sys_us']:,.0f}), {r['switches']:.1f} switches/job, {r['scripts']:.2f} script calls/job, "
-                f"{r['threads']} threads")
+                f"{r['threads']} threads" + (f", {r['instructions'] / 1000:,.1f} k instructions/job" if CALLGRIND else ""))
 
     alternate(args.src, args.rounds, "rf-drain-cpu-", one)
     return 0
