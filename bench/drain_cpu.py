@@ -184,7 +184,8 @@ def main() -> int:
         r = drain(src, args.jobs, args.handler, url, tmp, args.profile)
         return (f"{r['jobs_s']:,.0f} jobs/s, {r['cpu_us']:,.0f} µs CPU/job (user {r['user_us']:,.0f}, "
                 f"sys {r['sys_us']:,.0f}), {r['switches']:.1f} switches/job, {r['scripts']:.2f} script calls/job, "
-                f"{r['threads']} threads" + (f", {r['instructions'] / 1000:,.1f} k instructions/job" if CALLGRIND else ""))
+                f"{r['threads']} threads"
+                + (f", {r['instructions'] / 1000:,.1f} k instructions/job" if CALLGRIND else ""))
 
     alternate(args.src, args.rounds, "rf-drain-cpu-", one)
     return 0

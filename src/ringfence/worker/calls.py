@@ -19,7 +19,6 @@ from typing import Any
 from ringfence.logs import job_logger
 from ringfence.tasks import JobContext, Task
 
-
 # The grower adds no thread when the process's threads spent this share of its wait (``grow_after_s``) runnable
 # but without a CPU: the machine, not a slow call, held the calls back.
 STARVED = 0.25

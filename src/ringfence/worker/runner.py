@@ -2,8 +2,8 @@
 a task that stores results).
 
 Async handlers run on the event loop (``calls.call_async``); sync handlers on the job threads
-(``calls.call_sync``, the sync thread rule in docs/architecture.md). A job whose previous run in this process
-lost its lease but still holds a thread waits for that thread: never two runs of one job at once."""
+(``Runner._sync``, as ``calls.call_sync``; the sync thread rule in docs/architecture.md). A job whose previous run
+in this process lost its lease but still holds a thread waits for that thread: never two runs of one job at once."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ringfence import results
 from ringfence.errors import PayloadError
 from ringfence.tasks import JobContext, Task
 from ringfence.worker.admit import Admitted
-from ringfence.worker.calls import AsyncBounds, JobTimeout, SyncRun, SyncRunner, call_async, call_sync
+from ringfence.worker.calls import AsyncBounds, JobTimeout, SyncRun, SyncRunner, call_async
 from ringfence.worker.observers import Observers
 from ringfence.worker.outcomes import Outcome, Verdict, classify
 from ringfence.worker.running import Running
@@ -51,21 +51,8 @@ class Runner:
         try:
             if task.is_async:
                 value = await call_async(task, ctx, a.args, a.kwargs, timeout_s, self.bounds)
-            elif self.leftover:
+            else:
                 value = await self._sync(r, task, ctx, a.args, a.kwargs, timeout_s)
-            else:  # ``call_sync`` inline: two coroutine frames fewer to resume when the thread's outcome comes
-                run = r.thread = self.pool.submit(task.fn, (ctx, *a.args), a.kwargs, timeout_s, ctx, task.name,
-                                                  self.on_restart_required)
-                try:
-                    value = await run.future  # the handler's own return or error
-                except asyncio.CancelledError:
-                    raise
-                except BaseException:
-                    if run.overran:
-                        raise JobTimeout(timeout_s) from None
-                    raise
-                if run.overran:
-                    raise JobTimeout(timeout_s)
         except asyncio.CancelledError:
             if r.lost:
                 return LOST
@@ -92,12 +79,24 @@ class Runner:
 
     async def _sync(self, r: Running, task: Task, ctx: JobContext, args: tuple[Any, ...], kwargs: dict[str, Any],
                     timeout_s: float) -> Any:
-        earlier = self.leftover.get(ctx.id)
+        """``calls.call_sync`` inline (one coroutine frame fewer to resume when the thread's outcome comes)."""
+        earlier = self.leftover.get(ctx.id) if self.leftover else None
         if earlier is not None and earlier.thread is not None:
             # This job's previous run (its lease lost) still runs in this process: never two at once.
             await self.pool.wait_returned(earlier.thread)
-        return await call_sync(self.pool, task, ctx, args, kwargs, timeout_s, on_thread=r.on_thread,
-                               on_overrun=self.on_restart_required)
+        run = r.thread = self.pool.submit(task.fn, (ctx, *args), kwargs, timeout_s, ctx, task.name,
+                                          self.on_restart_required)
+        try:
+            value = await run.future  # the handler's own return or error
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            if run.overran:
+                raise JobTimeout(timeout_s) from None
+            raise
+        if run.overran:
+            raise JobTimeout(timeout_s)
+        return value
 
     def _failed(self, task: Task, ctx: JobContext, exc: BaseException, tb: str) -> Verdict:
         self.observers.raised(exc)
