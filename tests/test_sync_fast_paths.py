@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import time
 from typing import Any
 
 import orjson
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 
 from ringfence.errors import PayloadError
 from ringfence.payloads import PayloadCodec
-from ringfence.worker.calls import SyncRunner
+from ringfence.worker.calls import STARVED_MAX_PERIODS, SyncRunner
 
 
 def _handler(ctx: Any, f: float, i: int, s: str, b: bool, a: Any, u=None) -> None: ...  # type: ignore[no-untyped-def]
@@ -98,13 +99,35 @@ async def test_no_job_thread_is_added_while_the_process_waits_for_a_cpu() -> Non
     runner.queued_s = starving  # type: ignore[method-assign]
     release = threading.Event()
     runs = [runner.submit(release.wait, (5,), {}) for _ in range(3)]  # one thread held, two calls wait
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.06)
     assert len(runner._threads) == 1
     runner.queued_s = lambda: queued[0]  # type: ignore[method-assign]  # the machine has a CPU for it again
     await asyncio.sleep(0.2)
     assert len(runner._threads) == 3  # slow calls: one thread each, as before
     release.set()
     assert [await r.future for r in runs] == [True] * 3
+    runner.close()
+
+
+async def test_a_machine_busy_for_good_holds_a_waiting_call_back_only_so_long() -> None:
+    runner = SyncRunner(4, grow_after_s=0.005)
+    queued = [0.0]
+
+    def starving() -> float:  # every look: starved, and it never ends
+        queued[0] += 1.0
+        return queued[0]
+
+    runner.queued_s = starving  # type: ignore[method-assign]
+    release = threading.Event()
+    runs = [runner.submit(release.wait, (5,), {}) for _ in range(2)]  # one thread held by a slow call
+    t0 = time.monotonic()
+    while len(runner._threads) < 2 and time.monotonic() - t0 < 5:
+        await asyncio.sleep(0.005)
+    waited = time.monotonic() - t0
+    assert len(runner._threads) == 2, "the waiting call never got a thread"
+    assert waited >= 0.005 * STARVED_MAX_PERIODS * 0.9  # held back first, as the test above shows
+    release.set()
+    assert [await r.future for r in runs] == [True] * 2
     runner.close()
 
 

@@ -22,6 +22,9 @@ from ringfence.tasks import JobContext, Task
 # The grower adds no thread when the process's threads spent this share of its wait (``grow_after_s``) runnable
 # but without a CPU: the machine, not a slow call, held the calls back.
 STARVED = 0.25
+# ...but a call never waits longer than this many grower periods for a thread because of it: on a machine busy
+# for good, a slow call must not hold every other job of the process back.
+STARVED_MAX_PERIODS = 20
 
 
 class JobTimeout(Exception):
@@ -135,7 +138,8 @@ class SyncRunner:
 
     It starts ``first_threads`` threads and adds one, up to ``max_threads`` (one per slot), whenever a call has
     waited ``grow_after_s`` while no thread took any (the first time twice that: the run-queue time is read at
-    the first look), unless the process's threads waited for a CPU meanwhile (``queued_s``): slow handlers soon
+    the first look), unless the process's threads waited for a CPU meanwhile (``queued_s``; never longer than
+    ``STARVED_MAX_PERIODS`` periods): slow handlers soon
     get a thread each, while short ones
     are run by a few threads, which take the GIL from each other less often than one per slot would
     (docs/benchmarks.md, "Third pass: the sync drain"). One thread to start: with the loop's writes made
@@ -213,7 +217,8 @@ class SyncRunner:
         if now - waiting[0].submitted >= self.grow_after_s and now - self._last_start >= self.grow_after_s:
             queued = self.queued_s()
             since, self._queued_since = self._queued_since, queued
-            if since is not None and queued - since < self.grow_after_s * STARVED:
+            held = now - waiting[0].submitted >= self.grow_after_s * STARVED_MAX_PERIODS
+            if held or (since is not None and queued - since < self.grow_after_s * STARVED):
                 self._start_thread()  # every thread is held by a slow call
                 waiting.popleft()
         if waiting and self._loop is not None:
