@@ -161,7 +161,7 @@ class Conn:
         args = None if wire is None or form is None else values(form, p)
         if wire is not None and form is not None and args is not None:
             try:
-                return _result(sql, wire, wire.run(wire.exchange(form, args)))
+                return _result(sql, wire, wire.call(form, args))
             except Exception as exc:
                 self.broken = self.broken or not wire.clean()
                 raise self.direct.fail(self, exc, sql.text, p) from exc

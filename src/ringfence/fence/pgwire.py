@@ -148,6 +148,23 @@ class Wire:
         self.tx.set_pgresult(res)
         return names, self.tx.load_rows(0, res.ntuples, tuple)
 
+    def call(self, form: PgForm, args: list[bytes | None]) -> pq.abc.PGresult:
+        """One execution, blocking (the sync path). A statement this connection has prepared is one libpq call,
+        ``PQexecPrepared``, which lets go of the interpreter once for the whole round trip; the non-blocking
+        exchange (:meth:`exchange` driven by :meth:`run`) lets go of it in each of its libpq calls and in the wait
+        (4–5 times per statement), and each time another thread (a job thread, the worker's loop) wants the
+        interpreter it is handed over and must be taken back: context switches a worker with several job threads
+        paid on every statement. The first execution on a connection keeps the pipelined ``Parse``."""
+        if form.name not in self.prepared:
+            return self.run(self.exchange(form, args))
+        pg = self.pg
+        res = pg.exec_prepared(form.name, args)
+        if res.status in _OK:
+            return res
+        if pg.status != pq.ConnStatus.OK:  # the socket is gone: libpq's words, as consume_input raises them
+            raise errors.OperationalError(pg.get_error_message(encoding="utf-8") or "the connection is lost")
+        raise errors.error_from_result(res, encoding="utf-8")
+
     def run(self, gen: Generator[int, None, Any]) -> Any:
         """Drive ``gen`` blocking on the socket."""
         poller, fd = select.poll(), self.fd
