@@ -148,7 +148,7 @@ class Wire:
         self.tx.set_pgresult(res)
         return names, self.tx.load_rows(0, res.ntuples, tuple)
 
-    def call(self, form: PgForm, args: list[bytes | None]) -> pq.abc.PGresult:
+    def call(self, form: PgForm, args: list[bytes | None]) -> Any:
         """One execution, blocking (the sync path). A statement this connection has prepared is one libpq call,
         ``PQexecPrepared``, which lets go of the interpreter once for the whole round trip; the non-blocking
         exchange (:meth:`exchange` driven by :meth:`run`) lets go of it in each of its libpq calls and in the wait
