@@ -86,7 +86,8 @@ async def test_the_hop_keeps_to_threads_semantics() -> None:
 
 
 async def test_idle_threads_are_bounded() -> None:
-    hop = Hop("test-idle")
+    """Threads beyond MAX_IDLE idle ones end once they waited ``idle_s`` for a call."""
+    hop = Hop("test-idle", idle_s=0.05)
     gate = threading.Event()
     calls = [hop.run(gate.wait, 10) for _ in range(MAX_IDLE + 4)]
     tasks = [asyncio.ensure_future(c) for c in calls]
@@ -99,6 +100,19 @@ async def test_idle_threads_are_bounded() -> None:
         await asyncio.sleep(0.01)
     assert sum(t.name.startswith("test-idle") for t in threading.enumerate()) == MAX_IDLE
     assert hop._idle == MAX_IDLE
+
+
+async def test_more_calls_at_once_than_max_idle_start_no_thread_after_the_first_round() -> None:
+    """A worker running more async jobs at once than MAX_IDLE: the threads of the first round serve the next ones
+    (ending a thread as soon as MAX_IDLE others were idle started one for most hops)."""
+    hop = Hop("test-churn")
+    n = MAX_IDLE + 4
+    for _ in range(3):
+        gate = threading.Barrier(n)  # every call of a round runs at once, each on a thread of its own
+        assert all(await asyncio.gather(*[hop.run(lambda g=gate: g.wait(10) >= 0) for _ in range(n)]))
+        await asyncio.sleep(0.05)  # every thread is back waiting
+    assert hop._started == n
+    assert hop._idle == n
 
 
 async def test_an_idle_hop_thread_keeps_nothing_of_its_last_call() -> None:
