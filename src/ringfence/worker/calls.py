@@ -127,6 +127,11 @@ class SyncRun:
     def done(self) -> bool:
         return self.returned
 
+    def check_overrun(self, timeout_s: float) -> None:
+        """Raise ``JobTimeout`` if the watchdog found this call past its timeout (whatever the handler gave)."""
+        if self.overran:
+            raise JobTimeout(timeout_s) from None
+
 
 class SyncRunner:
     """Long-lived job threads that take calls from one queue and hand results back in batches.
@@ -390,9 +395,7 @@ async def call_sync(runner: SyncRunner, task: Task, ctx: JobContext, args: tuple
     except asyncio.CancelledError:
         raise
     except BaseException:
-        if run.overran:
-            raise JobTimeout(timeout_s) from None
+        run.check_overrun(timeout_s)
         raise
-    if run.overran:
-        raise JobTimeout(timeout_s)
+    run.check_overrun(timeout_s)
     return value

@@ -91,11 +91,9 @@ class Runner:
         except asyncio.CancelledError:
             raise
         except BaseException:
-            if run.overran:
-                raise JobTimeout(timeout_s) from None
+            run.check_overrun(timeout_s)
             raise
-        if run.overran:
-            raise JobTimeout(timeout_s)
+        run.check_overrun(timeout_s)
         return value
 
     def _failed(self, task: Task, ctx: JobContext, exc: BaseException, tb: str) -> Verdict:
