@@ -67,6 +67,18 @@ def store(backend: Backend) -> FenceStore:
 
 
 @pytest.fixture
+def url_store(backend: Backend) -> Iterator[FenceStore]:
+    """A store built from the URL, as ``App(fence_url=...)`` builds it (its own engine, disposed after)."""
+    if backend.name == "sqlite":
+        pytest.skip("counted on PostgreSQL and MariaDB")
+    store = FenceStore(backend.url, table_name=backend.store.table.name)
+    try:
+        yield store
+    finally:
+        store.engine.dispose()
+
+
+@pytest.fixture
 def subject() -> str:
     """A business id no other test touches (the tables are shared within a session)."""
     return f"order:{uuid.uuid4().hex[:12]}"

@@ -33,14 +33,10 @@ class _Spy:
 
 
 @pytest.fixture
-def pg_store(backend: Backend) -> Any:
+def pg_store(backend: Backend, url_store: FenceStore) -> FenceStore:
     if backend.name != "postgresql":
         pytest.skip("pgwire is psycopg's")
-    store = FenceStore(backend.url, table_name=backend.store.table.name)
-    try:
-        yield store
-    finally:
-        store.engine.dispose()
+    return url_store
 
 
 def test_a_prepared_sync_statement_is_one_blocking_libpq_call(pg_store: FenceStore, subject: str,

@@ -26,18 +26,6 @@ def one_job(store: FenceStore, owner: Any, subject: str, provider: Provider, **o
             pass
 
 
-@pytest.fixture
-def url_store(backend: Backend) -> Any:
-    """A store built from the URL, as ``App(fence_url=...)`` builds it."""
-    if backend.name == "sqlite":
-        pytest.skip("counted on PostgreSQL and MariaDB")
-    store = FenceStore(backend.url, table_name=backend.store.table.name)
-    try:
-        yield store
-    finally:
-        store.engine.dispose()
-
-
 @pytest.mark.parametrize(("opts", "trips", "xacts"), [(DEDUP, 3, 3), ({}, 4, 4)], ids=["dedup", "strict"])
 def test_round_trips_and_transactions_of_one_fenced_step(url_store: FenceStore, subject: str, provider: Provider,
                                                          make_owner: OwnerFactory, opts: dict[str, Any],
