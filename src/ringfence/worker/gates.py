@@ -30,6 +30,11 @@ class Gates:
         self.breakers = breakers          # app.breaker(...) and every task's dependency
         self.held: dict[str, list[tuple[str, str]]] = {}  # job id -> (kind, name) slots it holds
 
+    def applies(self, job: Fetched, task: Task) -> bool:
+        """Whether ``enter`` has anything to check for this job: a concurrency limit (task or queue) or a
+        dependency. False: the caller may skip ``enter`` and ``release`` (no coroutine or clock read per job)."""
+        return task.concurrency is not None or task.dependency is not None or job.queue in self.queue_limits
+
     def limits(self, job: Fetched, task: Task) -> list[tuple[str, str, int]]:
         out = []
         if task.concurrency is not None:

@@ -131,9 +131,7 @@ class Processor:
         if isinstance(admitted, Verdict):
             return admitted
         task = admitted.task
-        # A job of a task without a concurrency limit or a dependency, in a queue without a limit, has no gate
-        # to pass: no coroutine, clock read or list per job for it (gates.py would find nothing to take).
-        gated = task.concurrency is not None or task.dependency is not None or job.queue in self.gates.queue_limits
+        gated = self.gates.applies(job, task)
         if gated:
             wait = await self.gates.enter(job, task)
             if wait is not None:

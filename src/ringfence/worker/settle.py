@@ -43,18 +43,22 @@ class Settler:
         if v.outcome is not Outcome.ACK or v.result is not None or v.reason:
             return False
         job = r.job
-        r.settled = True
-        if r.started and job.spec is not None:
-            self.observers.finished(job.spec.task, job.queue, v.outcome, time.monotonic() - r.started)
+        self._finished(r, v)
         self.processed += 1
         self.acks.add(job.queue, job.id, job.token)
         return True
 
-    async def settle(self, r: Running, v: Verdict) -> None:
-        job, b = r.job, self.broker
+    def _finished(self, r: Running, v: Verdict) -> None:
         r.settled = True
+        job = r.job
         if r.started and job.spec is not None:
             self.observers.finished(job.spec.task, job.queue, v.outcome, time.monotonic() - r.started)
+
+    async def settle(self, r: Running, v: Verdict) -> None:
+        if self.settle_now(r, v):
+            return
+        job, b = r.job, self.broker
+        self._finished(r, v)
         if v.outcome is Outcome.ACK:
             self.processed += 1
             if v.reason == "duplicate":
