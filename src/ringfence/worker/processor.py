@@ -14,7 +14,8 @@ import logging
 
 from ringfence.models import Fetched
 from ringfence.redis.connection import UNAVAILABLE
-from ringfence.worker.admit import Admission
+from ringfence.tasks import JobContext
+from ringfence.worker.admit import Admission, Admitted
 from ringfence.worker.calls import SyncRun, SyncRunner
 from ringfence.worker.fetcher import Fetcher
 from ringfence.worker.gates import Gates
@@ -110,7 +111,26 @@ class Processor:
     # -- one job --------------------------------------------------------------------------------
     async def _execute(self, r: Running) -> None:
         try:
-            verdict = await self._verdict(r)
+            a = self.admission.admit_now(r.job)
+            if type(a) is Admitted and (sync := self._start_sync(r, a)) is not None:
+                # ``_verdict`` of a plain sync job, in this one coroutine (not four per job)
+                run, ctx, timeout_s = sync
+                try:
+                    try:
+                        value = await run.future  # the handler's own return or error
+                    except asyncio.CancelledError:
+                        raise
+                    except BaseException:
+                        run.check_overrun(timeout_s)
+                        raise
+                    run.check_overrun(timeout_s)
+                except BaseException as exc:
+                    verdict = self.runner.raised(r, a.task, ctx, exc)
+                else:
+                    verdict = self.runner.returned(r, a, value)
+                await self.observers.ran(r.job, a.task, verdict)
+            else:
+                verdict = await self._verdict(r, a)
             if not r.settled and not r.lost and verdict.recorded and not self.settler.settle_now(r, verdict):
                 await self.settler.settle(r, verdict)
         except Exception:
@@ -125,9 +145,16 @@ class Processor:
             if self._free() >= self._want:
                 self._slot.set()
 
-    async def _verdict(self, r: Running) -> Verdict:
+    def _start_sync(self, r: Running, a: Admitted) -> tuple[SyncRun, JobContext, float] | None:
+        """An admitted sync job with no gate: its handler's call is queued for the job threads. None: ``_verdict``
+        runs it (an async or gated one, or one whose earlier run still holds a thread here)."""
+        if a.task.is_async or self.gates.applies(r.job, a.task):
+            return None
+        return self.runner.start_sync(r, a)
+
+    async def _verdict(self, r: Running, admitted: Admitted | Verdict | None) -> Verdict:
         job = r.job
-        admitted = self.admission.admit_now(job) or await self.admission.admit(job)
+        admitted = admitted or await self.admission.admit(job)
         if isinstance(admitted, Verdict):
             return admitted
         task = admitted.task

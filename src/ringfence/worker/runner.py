@@ -37,7 +37,8 @@ class Runner:
         self.shutting_down = False  # a cancelled job is then requeued, not an error
         self.bounds = AsyncBounds()  # async handlers' time bounds: one timer for all
 
-    async def run(self, r: Running, a: Admitted) -> Verdict:
+    def begin(self, r: Running, a: Admitted) -> tuple[JobContext, float]:
+        """The handler is about to run: its context and its timeout (s)."""
         job, task, spec = r.job, a.task, a.spec
         timeout_s = spec.timeout_ms / 1000 if spec.timeout_ms else task.options.timeout_s
         r.started = time.monotonic()
@@ -48,12 +49,37 @@ class Runner:
             enqueued_ms=spec.enqueued_ms, token=job.token, timeout_s=timeout_s, fencing=self.fencing,
             settling=a.settling, deadline=r.started + timeout_s,
         )
+        return ctx, timeout_s
+
+    async def run(self, r: Running, a: Admitted) -> Verdict:
+        ctx, timeout_s = self.begin(r, a)
+        task = a.task
         try:
             if task.is_async:
                 value = await call_async(task, ctx, a.args, a.kwargs, timeout_s, self.bounds)
             else:
                 value = await self._sync(r, task, ctx, a.args, a.kwargs, timeout_s)
-        except asyncio.CancelledError:
+        except BaseException as exc:
+            return self.raised(r, task, ctx, exc)
+        return self.returned(r, a, value)
+
+    def start_sync(self, r: Running, a: Admitted) -> tuple[SyncRun, JobContext, float] | None:
+        """``run``'s start of a sync handler without a coroutine: its call is queued for the job threads and the
+        caller awaits its ``future`` as ``_sync`` does, then asks ``raised`` or ``returned`` for the verdict. None:
+        this job's previous run still holds a thread here; ``run`` waits for it."""
+        earlier = self.leftover.get(r.job.id) if self.leftover else None
+        if earlier is not None and earlier.thread is not None:
+            return None
+        ctx, timeout_s = self.begin(r, a)
+        task = a.task
+        run = r.thread = self.pool.submit(task.fn, (ctx, *a.args), a.kwargs, timeout_s, ctx, task.name,
+                                          self.on_restart_required)
+        return run, ctx, timeout_s
+
+    def raised(self, r: Running, task: Task, ctx: JobContext, exc: BaseException) -> Verdict:
+        """The verdict on ``exc``, the error being handled (its traceback is the one recorded); a cancellation
+        that is not the worker's own is raised again."""
+        if isinstance(exc, asyncio.CancelledError):
             if r.lost:
                 return LOST
             if r.abandoned:
@@ -61,11 +87,14 @@ class Runner:
             if self.shutting_down:
                 return REQUEUED_ON_SHUTDOWN
             raise
-        except JobTimeout as exc:
+        if isinstance(exc, JobTimeout):
             return self._failed(task, ctx, TimeoutError(str(exc)), "")
-        except BaseException as exc:  # a handler's error of any kind is the job's outcome
-            return self._failed(task, ctx, exc, traceback.format_exc())
+        return self._failed(task, ctx, exc, traceback.format_exc())  # a handler's error of any kind
+
+    def returned(self, r: Running, a: Admitted, value: Any) -> Verdict:
+        task = a.task
         if task.store_result:
+            job = r.job
             try:
                 return Verdict(Outcome.ACK, result=results.done_record(task, job.queue, value, self.clock()))
             except PayloadError as exc:  # the effect happened: dead-letter keeps the job, retrying would repeat it
