@@ -4,9 +4,10 @@ The peer bench's equal-terms body (``bench/peers/adapters/peerjob.py``: one pipe
 database) run by one ``ringfence worker`` process with default settings, against a private redis-server. The
 worker starts and goes idle, is stopped (SIGSTOP), the jobs are bulk-enqueued, and it is let go (SIGCONT). Per
 job: the worker's user + system CPU over the drain, the context switches of its threads, the script calls Redis
-served (fetch + ack); the rate runs from the first acked job to the last. ``--handler`` picks the body in a
-``def`` or ``async def`` handler, or a no-op of either kind (the pipeline alone). ``--src DIR`` runs another
-checkout's ``src``; several alternate, round after round (docs/benchmarks.md, "Third pass: the sync drain")::
+served (fetch + ack), and Redis's own CPU (those calls, the body's writes, this bench's polling); the rate runs
+from the first acked job to the last. ``--handler`` picks the body in a ``def`` or ``async def`` handler, or a
+no-op of either kind (the pipeline alone). ``--src DIR`` runs another checkout's ``src``; several alternate,
+round after round (docs/benchmarks.md, "Third pass: the sync drain")::
 
     mkdir -p /tmp/before && git archive <commit> src | tar -x -C /tmp/before
     python -m bench.drain_cpu --jobs 6000 --rounds 4 --src /tmp/before/src --src src
@@ -59,6 +60,12 @@ def _cpu(pid: int) -> tuple[float, float, int]:
         with open(f"/proc/{pid}/task/{tid}/status") as f:
             switches += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
     return int(fields[11]) / tick, int(fields[12]) / tick, switches
+
+
+def _redis_cpu(broker: Broker) -> float:
+    """CPU seconds the private redis-server has used so far (the drain's scripts, the body's writes, this poll)."""
+    info = broker.sync.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def _threads(pid: int) -> int:
@@ -137,6 +144,7 @@ def drain(src: str, jobs: int, handler: str, url: str, log_dir: str, profile: st
         subprocess.run([sys.executable, "-c", f"import peer_ringfence as p; p.Producer().bulk({jobs})"], env=env,
                        check=True)
         calls0 = broker.sync.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+        redis0 = _redis_cpu(broker)
         user0, sys0, sw0 = _cpu(proc.pid)
         os.kill(proc.pid, signal.SIGCONT)
         spy = _profiler(profile, proc.pid) if profile else None
@@ -154,6 +162,7 @@ def drain(src: str, jobs: int, handler: str, url: str, log_dir: str, profile: st
         threads = _threads(proc.pid)
         instructions = _instructions(proc.pid, log_dir) if CALLGRIND else 0
         calls1 = broker.sync.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+        redis1 = _redis_cpu(broker)
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
@@ -161,7 +170,7 @@ def drain(src: str, jobs: int, handler: str, url: str, log_dir: str, profile: st
         return {"jobs_s": (done - first[1]) / max(now - first[0], 1e-9),
                 "cpu_us": (user1 - user0 + sys1 - sys0) / jobs * 1e6, "user_us": (user1 - user0) / jobs * 1e6,
                 "sys_us": (sys1 - sys0) / jobs * 1e6, "switches": (sw1 - sw0) / jobs,
-                "scripts": (calls1 - calls0) / jobs, "threads": threads,
+                "scripts": (calls1 - calls0) / jobs, "threads": threads, "redis_us": (redis1 - redis0) / jobs * 1e6,
                 "instructions": instructions / jobs}
     finally:
         proc.send_signal(signal.SIGCONT)
@@ -184,7 +193,7 @@ def main() -> int:
         r = drain(src, args.jobs, args.handler, url, tmp, args.profile)
         return (f"{r['jobs_s']:,.0f} jobs/s, {r['cpu_us']:,.0f} µs CPU/job (user {r['user_us']:,.0f}, "
                 f"sys {r['sys_us']:,.0f}), {r['switches']:.1f} switches/job, {r['scripts']:.2f} script calls/job, "
-                f"{r['threads']} threads"
+                f"Redis {r['redis_us']:,.1f} µs CPU/job, {r['threads']} threads"
                 + (f", {r['instructions'] / 1000:,.1f} k instructions/job" if CALLGRIND else ""))
 
     alternate(args.src, args.rounds, "rf-drain-cpu-", one)

@@ -21,22 +21,25 @@ local function per_minute(key, kind, now_ms, n)
     end
   end
 end
-local lost, done = {}, 0
+-- The keys of the acked jobs go in one variadic call per key and per 1000 jobs, not one call per job and key: a
+-- script's redis.call costs Redis more than the deletion itself.
+local lost, acked, seen = {}, {}, {}
 for i = 2, #ARGV, 2 do
   local id = ARGV[i]
-  if redis.call('HGET', KEYS[2], id) == ARGV[i + 1] then
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('HDEL', KEYS[2], id)
-    redis.call('HDEL', KEYS[3], id)
-    redis.call('HDEL', KEYS[4], id)
-    redis.call('HDEL', KEYS[5], id)
-    done = done + 1
+  if not seen[id] and redis.call('HGET', KEYS[2], id) == ARGV[i + 1] then
+    seen[id] = true  -- a second copy in the batch finds its lease gone, as it would have one by one
+    acked[#acked + 1] = id
   else
     lost[#lost + 1] = id
   end
 end
-if done > 0 then
-  redis.call('HINCRBY', KEYS[6], 'processed', done)
-  per_minute(KEYS[7], 'p', ARGV[1], done)
+for i = 1, #acked, 1000 do
+  local last = math.min(i + 999, #acked)
+  redis.call('ZREM', KEYS[1], unpack(acked, i, last))
+  for k = 2, 5 do redis.call('HDEL', KEYS[k], unpack(acked, i, last)) end
+end
+if #acked > 0 then
+  redis.call('HINCRBY', KEYS[6], 'processed', #acked)
+  per_minute(KEYS[7], 'p', ARGV[1], #acked)
 end
 return lost
