@@ -44,7 +44,8 @@ class Processor:
         self.stopping = fetcher.stopping
         self.running: dict[str, Running] = {}
         self.leftover = runner.leftover  # lost sync jobs whose thread still runs: they keep their slot
-        self._slot = asyncio.Event()  # set once ``_want`` slots are free
+        self._slot = asyncio.Event()  # set once ``_want`` slots are free, or at a stop
+        self.stopping.wakes.append(self._slot)
         self._want = 1
         self._refill = max(1, concurrency // 2)
 
@@ -89,16 +90,17 @@ class Processor:
         return self.concurrency - len(self.running) - len(self.leftover)
 
     async def _wait_slots(self, free: int) -> None:
-        """Wait for a slot to free; with one free already, for ``_refill`` of them or ``REFILL_WAIT_S``."""
+        """Wait for a slot to free; with one free already, for ``_refill`` of them or ``REFILL_WAIT_S`` (a stop ends
+        either wait: ``Stopping`` sets ``_slot``)."""
         self._slot.clear()
         if free <= 0:
             self._want = 1
-            await self.fetcher.until(self._slot.wait())
+            await self._slot.wait()
             return
         self._want = self._refill
         timer = asyncio.get_running_loop().call_later(REFILL_WAIT_S, self._slot.set)
         try:
-            await self.fetcher.until(self._slot.wait())
+            await self._slot.wait()
         finally:
             timer.cancel()
             self._want = 1

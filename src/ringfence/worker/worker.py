@@ -23,7 +23,7 @@ from ringfence.worker.admit import Admission
 from ringfence.worker.calls import SyncRunner
 from ringfence.worker.durable import DurableSweep
 from ringfence.worker.fencing import Fencing
-from ringfence.worker.fetcher import Fetcher
+from ringfence.worker.fetcher import Fetcher, Stopping
 from ringfence.worker.gates import Gates
 from ringfence.worker.heartbeat import Heartbeat, ServerIdentity
 from ringfence.worker.maintenance import DeadRetention, Promoter, QueueSet, Recoverer, SchedulerLoop
@@ -105,7 +105,7 @@ class Worker:
         pool = SyncRunner(self.concurrency)
         acks = Acks(broker, batch=max(1, self.concurrency // 2))  # the processor's refill batch
         fetcher = Fetcher(broker, self.server_id, self.queues, strict=self.strict, lease_s=s.lease_s,
-                          idle_s=s.heartbeat_s, max_wait=max_wait, stopping=asyncio.Event())
+                          idle_s=s.heartbeat_s, max_wait=max_wait, stopping=Stopping())
         return Processor(
             self.concurrency, fetcher, Admission(app.registry, broker.clock, s, fencing, observers), gates,
             Runner(pool, broker.clock, fencing, observers, {}, self._restart_required),
