@@ -19,9 +19,11 @@ Metric names (all prefixed ``ringfence_``): see docs/observability.md.
 
 from __future__ import annotations
 
+import math
 import threading
+from bisect import bisect_left
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
@@ -47,6 +49,46 @@ BreakerSource = Callable[[], Mapping[str, str]]
 OutboxSource = Callable[[], Mapping[str, Any] | None]  # outbox/lag.py: waiting, oldest_s; None: no outbox
 
 
+class _Counted:
+    """A job metric whose observations are held by ``Metrics`` (plain numbers under one lock per job, not a lock
+    per value in prometheus-client) and counted into it each time it is collected: a scrape, filtered or not,
+    always reads every observation made before it."""
+
+    counting: Callable[[], None] | None = None  # set on the labelled parent only
+
+    def collect(self) -> Iterable[Metric]:
+        if self.counting is not None:
+            self.counting()
+        return super().collect()  # type: ignore[misc, no-any-return]
+
+
+class _Counter(_Counted, Counter):
+    pass
+
+
+class _Histogram(_Counted, Histogram):
+    pass
+
+
+_LATENCY_BOUNDS = (*LATENCY_BUCKETS, math.inf)
+_DURATION_BOUNDS = (*DURATION_BUCKETS, math.inf)
+
+
+class _Tally:
+    """The observations of one (task, queue) not yet counted into its prometheus children; the histograms' sums
+    are running totals, added up in the order prometheus-client would have (the same float, to the last bit)."""
+
+    __slots__ = ("children", "duration", "duration_sum", "failed", "finished", "latency", "latency_sum", "started")
+
+    def __init__(self, children: tuple[Any, Any, Any, Any]) -> None:
+        self.children = children  # started, latency, duration, failed
+        self.started = self.failed = 0
+        self.finished: dict[Any, int] = {}  # the finished counter's child per outcome -> count
+        self.latency = [0] * len(_LATENCY_BOUNDS)
+        self.duration = [0] * len(_DURATION_BOUNDS)
+        self.latency_sum = self.duration_sum = 0.0
+
+
 class Metrics:
     """A worker's metrics in their own registry (never the global one: tests and several apps coexist).
 
@@ -56,55 +98,80 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.started = Counter("ringfence_jobs_started", "Attempts started", ["task", "queue"], registry=r)
-        self.finished = Counter("ringfence_jobs_finished", "Attempts finished, by outcome (ack, retry, dead, "
-                                "requeue)", ["task", "queue", "outcome"], registry=r)
-        self.failed = Counter("ringfence_jobs_failed", "Attempts that failed (outcome retry or dead)",
-                              ["task", "queue"], registry=r)
-        self.duration = Histogram("ringfence_job_duration_seconds", "Run time of an attempt, fetch to outcome",
-                                  ["task", "queue"], buckets=DURATION_BUCKETS, registry=r)
-        self.latency = Histogram("ringfence_job_start_latency_seconds", "Enqueue (or due time) to start",
-                                 ["task", "queue"], buckets=LATENCY_BUCKETS, registry=r)
+        self.started = _Counter("ringfence_jobs_started", "Attempts started", ["task", "queue"], registry=r)
+        self.finished = _Counter("ringfence_jobs_finished", "Attempts finished, by outcome (ack, retry, dead, "
+                                 "requeue)", ["task", "queue", "outcome"], registry=r)
+        self.failed = _Counter("ringfence_jobs_failed", "Attempts that failed (outcome retry or dead)",
+                               ["task", "queue"], registry=r)
+        self.duration = _Histogram("ringfence_job_duration_seconds", "Run time of an attempt, fetch to outcome",
+                                   ["task", "queue"], buckets=DURATION_BUCKETS, registry=r)
+        self.latency = _Histogram("ringfence_job_start_latency_seconds", "Enqueue (or due time) to start",
+                                  ["task", "queue"], buckets=LATENCY_BUCKETS, registry=r)
+        for metric in (self.started, self.finished, self.failed, self.duration, self.latency):
+            metric.counting = self.count
         self.fences = Counter("ringfence_fence_outcomes", "Fence outcomes at step entry and write",
                               ["step", "outcome"], registry=r)
         self._breakers = _BreakerCollector()
         r.register(self._breakers)
         self._lock = threading.Lock()
         self._recent: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=200))
-        self._children: dict[tuple[str, str], tuple[Any, Any, Any, Any]] = {}  # labels() costs µs per call
+        self._tallies: dict[tuple[str, str], _Tally] = {}
         self._outcomes: dict[tuple[str, str, str], Any] = {}  # the finished counter's child per outcome
 
-    def _for(self, task: str, queue: str) -> tuple[Any, Any, Any, Any]:
-        found = self._children.get((task, queue))
-        if found is None:
-            found = (self.started.labels(task, queue), self.latency.labels(task, queue),
-                     self.duration.labels(task, queue), self.failed.labels(task, queue))
-            self._children[(task, queue)] = found
-        return found
+    def _tally(self, task: str, queue: str) -> _Tally:
+        """(under ``_lock``) Its children are made at the first observation, as ``observe`` would: their
+        ``_created`` stamps stay those of the first job."""
+        t = self._tallies[(task, queue)] = _Tally((
+            self.started.labels(task, queue), self.latency.labels(task, queue),
+            self.duration.labels(task, queue), self.failed.labels(task, queue)))
+        return t
 
     # -- called by the worker --------------------------------------------------------------------
     def job_started(self, task: str, queue: str, latency_s: float) -> None:
         """An attempt started. ``latency_s``: now minus the job's enqueue time (or its due time for a
         scheduled or retried job); negative values (clock skew) count as 0."""
-        started, latency, _, _ = self._for(task, queue)
-        started.inc()
-        latency.observe(max(0.0, latency_s))
+        latency_s = max(0.0, latency_s)
+        with self._lock:
+            t = self._tallies.get((task, queue)) or self._tally(task, queue)
+            t.started += 1
+            t.latency[bisect_left(_LATENCY_BOUNDS, latency_s)] += 1
+            t.latency_sum += latency_s
 
     def job_finished(self, task: str, queue: str, outcome: str, duration_s: float) -> None:
         """An attempt's outcome was recorded. ``outcome`` ∈ ack, retry, dead, requeue (a lost lease records
         nothing: do not call). ``duration_s``: handler start to outcome."""
-        finished = self._outcomes.get((task, queue, outcome))
-        if finished is None:
-            if outcome not in OUTCOMES:
-                raise ValueError(f"outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
-            finished = self._outcomes[(task, queue, outcome)] = self.finished.labels(task, queue, outcome)
-        _, _, duration, failed = self._for(task, queue)
-        finished.inc()
-        if outcome in ("retry", "dead"):
-            failed.inc()
-        duration.observe(max(0.0, duration_s))
+        observed = max(0.0, duration_s)
         with self._lock:
+            finished = self._outcomes.get((task, queue, outcome))
+            if finished is None:
+                if outcome not in OUTCOMES:
+                    raise ValueError(f"outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
+                finished = self._outcomes[(task, queue, outcome)] = self.finished.labels(task, queue, outcome)
+            t = self._tallies.get((task, queue)) or self._tally(task, queue)
+            t.finished[finished] = t.finished.get(finished, 0) + 1
+            if outcome in ("retry", "dead"):
+                t.failed += 1
+            t.duration[bisect_left(_DURATION_BOUNDS, observed)] += 1
+            t.duration_sum += observed
             self._recent[task].append(duration_s)
+
+    def count(self) -> None:
+        """Count the held observations into the prometheus metrics (each collect of a job metric does first)."""
+        with self._lock:
+            for t in self._tallies.values():
+                started, latency, duration, failed = t.children
+                if t.started:
+                    started.inc(t.started)
+                    t.started = 0
+                if t.failed:
+                    failed.inc(t.failed)
+                    t.failed = 0
+                if t.finished:
+                    for child, n in t.finished.items():
+                        child.inc(n)
+                    t.finished.clear()
+                _add(latency, t.latency, t.latency_sum)
+                _add(duration, t.duration, t.duration_sum)
 
     def fence_outcome(self, step: str, outcome: str) -> None:
         """A fence event: captured (a new row), skipped_done (the second run is empty), resumed (took over
@@ -143,6 +210,15 @@ class Metrics:
         """Serve ``/metrics`` on ``addr:port`` from a daemon thread; returns the server (``.shutdown()``)."""
         server, _thread = start_http_server(port, addr, registry=self.registry)
         return server
+
+
+def _add(histogram: Any, held: list[int], total: float) -> None:
+    """Held bucket counts into a histogram child (emptied), its sum set to the running total."""
+    for i, n in enumerate(held):
+        if n:
+            histogram._buckets[i].inc(n)
+            held[i] = 0
+    histogram._sum.set(total)
 
 
 class _BreakerCollector(Collector):
