@@ -48,6 +48,7 @@ class Processor:
         self.stopping.wakes.append(self._slot)
         self._want = 1
         self._refill = max(1, concurrency // 2)
+        self._loop: asyncio.AbstractEventLoop  # the running loop, from ``run``
 
     @property
     def processed(self) -> int:
@@ -63,6 +64,7 @@ class Processor:
 
     # -- fetching -------------------------------------------------------------------------------
     async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
         await self.fetcher.waker.start()
         self.acks.start()
         backoff = 0.1
@@ -108,7 +110,7 @@ class Processor:
     def _start(self, job: Fetched) -> None:
         r = Running(job)
         self.running[job.id] = r
-        r.task = asyncio.create_task(self._execute(r))
+        r.task = self._loop.create_task(self._execute(r))  # asyncio.create_task without its Python frame
 
     # -- one job --------------------------------------------------------------------------------
     async def _execute(self, r: Running) -> None:
@@ -130,7 +132,8 @@ class Processor:
                     verdict = self.runner.raised(r, a.task, ctx, exc)
                 else:
                     verdict = self.runner.returned(r, a, value)
-                await self.observers.ran(r.job, a.task, verdict)
+                if self.observers.hears_ran(a.task):
+                    await self.observers.ran(r.job, a.task, verdict)
             else:
                 verdict = await self._verdict(r, a)
             if not r.settled and not r.lost and verdict.recorded and not self.settler.settle_now(r, verdict):

@@ -6,6 +6,7 @@ nothing of what they do:
     started(job, task, wait_s)           the handler is about to run (``wait_s``: enqueue to start)
     raised(exc)                          the handler raised (before it is classified)
     ran(job, task, verdict)     [async]  the handler returned or raised; its gate slots are released
+                                         (``hears_ran(task)`` False: not called for that task's jobs)
     finished(task, queue, outcome, s)    the verdict is being recorded (an attempt that started only)
     dead(dead_job, spec)        [async]  the job reached the Redis dead-letter
     unreadable(job, spec, why, counter)  [async]  a job no worker could read for longer than ``grace_s``
@@ -36,6 +37,10 @@ class Observer:
     async def ran(self, job: Fetched, task: Task, verdict: Verdict) -> None:
         return None
 
+    def hears_ran(self, task: Task) -> bool:
+        """Whether ``ran`` does anything for this task's jobs (asked once per task: False spares them the call)."""
+        return True
+
     def finished(self, task: str, queue: str, outcome: Outcome, duration_s: float) -> None:
         return None
 
@@ -59,6 +64,15 @@ class Observers:
                                        for h in ("started", "raised", "ran", "finished", "dead", "unreadable")}
         self._started, self._raised, self._ran = hooks["started"], hooks["raised"], hooks["ran"]
         self._finished, self._dead, self._unreadable = hooks["finished"], hooks["dead"], hooks["unreadable"]
+        self._hear_ran = [o for o in observers if _overrides(o, "ran")]
+        self._hears: dict[str, bool] = {}  # task name -> does a ``ran`` hook do anything for its jobs
+
+    def hears_ran(self, task: Task) -> bool:
+        """False: ``ran`` would do nothing for this task's jobs (the caller may skip its coroutine)."""
+        hears = self._hears.get(task.name)
+        if hears is None:
+            hears = self._hears[task.name] = any(o.hears_ran(task) for o in self._hear_ran)
+        return hears
 
     def started(self, job: Fetched, task: Task, wait_s: float) -> None:
         for hook in self._started:

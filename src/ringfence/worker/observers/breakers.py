@@ -16,3 +16,6 @@ class BreakerObserver(Observer):
     async def ran(self, job: Fetched, task: Task, verdict: Verdict) -> None:
         if task.dependency is not None:
             await self.gates.record(job, task, dependency_ok(verdict))
+
+    def hears_ran(self, task: Task) -> bool:
+        return task.dependency is not None
