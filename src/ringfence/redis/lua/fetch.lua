@@ -50,8 +50,6 @@ if redis.call('EXISTS', KEYS[6]) == 1 then return done({}, 0, true, true) end
 local entries = redis.call('RPOP', KEYS[1], tonumber(ARGV[2]))
 if not entries then return done({}, 0, true) end
 local out, duplicates = {}, 0
--- The leases go in one ZADD and one HSET per 1000 jobs after the loop, not two calls per job.
-local scored, tokens = {}, {}
 for _, entry in ipairs(entries) do
   local id, spec, first = entry, nil, true
   local at = string.find(entry, '{', 1, true)
@@ -66,10 +64,8 @@ for _, entry in ipairs(entries) do
     -- a second copy: dropped, counted below
   elseif spec then
     local n = redis.call('HINCRBY', KEYS[5], id, 1)
-    scored[#scored + 1] = ARGV[1]
-    scored[#scored + 1] = id
-    tokens[#tokens + 1] = id
-    tokens[#tokens + 1] = ARGV[3]
+    redis.call('ZADD', KEYS[3], ARGV[1], id)
+    redis.call('HSET', KEYS[4], id, ARGV[3])
     out[#out + 1] = id
     out[#out + 1] = spec
     out[#out + 1] = n
@@ -79,11 +75,6 @@ for _, entry in ipairs(entries) do
     out[#out + 1] = ''
     out[#out + 1] = 0
   end
-end
-for i = 1, #scored, 2000 do
-  local last = math.min(i + 1999, #scored)
-  redis.call('ZADD', KEYS[3], unpack(scored, i, last))
-  redis.call('HSET', KEYS[4], unpack(tokens, i, last))
 end
 if duplicates > 0 then redis.call('HINCRBY', KEYS[7], 'duplicates', duplicates) end
 return done(out, #out / 3, redis.call('LLEN', KEYS[1]) == 0)
