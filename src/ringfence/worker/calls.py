@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import os
 import queue
 import threading
@@ -18,6 +19,8 @@ from typing import Any
 
 from ringfence.logs import job_logger
 from ringfence.tasks import JobContext, Task
+
+log = logging.getLogger("ringfence.worker")
 
 # The grower adds no thread when the process's threads spent this share of its wait (``grow_after_s``) runnable
 # but without a CPU: the machine, not a slow call, held the calls back.
@@ -107,13 +110,15 @@ class SyncRun:
     """One sync handler call. ``future`` (on the loop) has its outcome once its thread has returned; ``done()``
     says whether the loop has heard that it returned (a cancelled ``future`` says nothing about the thread)."""
 
-    __slots__ = ("args", "ctx", "error", "finished", "fn", "future", "kwargs", "on_overrun", "overran", "result",
-                 "returned", "started", "submitted", "task", "timeout_s", "waiters")
+    __slots__ = ("args", "ctx", "error", "finished", "fn", "future", "kwargs", "on_overrun", "overran", "owner",
+                 "result", "returned", "started", "submitted", "task", "then", "timeout_s", "waiters")
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                 future: asyncio.Future[Any], timeout_s: float, ctx: JobContext | None, task: str,
+                 future: asyncio.Future[Any] | None, timeout_s: float, ctx: JobContext | None, task: str,
                  on_overrun: Callable[[], None] | None) -> None:
         self.fn, self.args, self.kwargs, self.future = fn, args, kwargs, future
+        self.then: Callable[[SyncRun], None] | None = None  # called on the loop once it returned (no ``future``)
+        self.owner: Any = None  # what ``then`` needs to know of it
         self.timeout_s, self.ctx, self.task, self.on_overrun = timeout_s, ctx, task, on_overrun
         self.submitted = 0.0  # time.monotonic() when it was queued
         self.started: float | None = None  # time.monotonic() when its thread took it
@@ -183,11 +188,15 @@ class SyncRunner:
         self._closed = False
 
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout_s: float = 0.0,
-               ctx: JobContext | None = None, task: str = "", on_overrun: Callable[[], None] | None = None) -> SyncRun:
+               ctx: JobContext | None = None, task: str = "", on_overrun: Callable[[], None] | None = None,
+               then: Callable[[SyncRun], None] | None = None, owner: Any = None) -> SyncRun:
         """Queue a call; with ``timeout_s``, the watchdog calls ``on_overrun`` once it is past it (counted from
-        the call's start in its thread)."""
+        the call's start in its thread). Its outcome comes in its ``future``, or with ``then``: ``then(run)`` on
+        the loop once its thread returned (``result``, ``error``, ``overran``), and no future."""
         loop = self._loop = asyncio.get_running_loop()
-        run = SyncRun(fn, args, kwargs, loop.create_future(), timeout_s, ctx, task, on_overrun)
+        run = SyncRun(fn, args, kwargs, None if then else loop.create_future(), timeout_s, ctx, task, on_overrun)
+        if then is not None:
+            run.then, run.owner = then, owner
         run.submitted = now = time.monotonic()
         self.running.add(run)
         self._calls.put(run)
@@ -281,12 +290,18 @@ class SyncRunner:
             run = done.popleft()
             run.returned = True
             running.discard(run)
-            if not run.future.done():  # cancelled: its caller stopped waiting
+            future = run.future
+            if future is None:
+                try:
+                    run.then(run)  # type: ignore[misc]
+                except Exception:  # never lose the other calls' outcomes
+                    log.exception("sync call %s: handing its outcome back failed", run.task)
+            elif not future.done():  # cancelled: its caller stopped waiting
                 if run.error is not None:
-                    run.future.set_exception(run.error)
+                    future.set_exception(run.error)
                 else:
-                    run.future.set_result(run.result)
-            run.error = None  # no reference cycle through the traceback
+                    future.set_result(run.result)
+            run.error = run.owner = None  # no reference cycle through the traceback
             for waiter in run.waiters or ():
                 if not waiter.done():
                     waiter.set_result(None)
@@ -363,7 +378,8 @@ class SyncRunner:
                 break
             if run is not None:
                 self.running.discard(run)  # it never reaches a thread
-                run.future.cancel()
+                if run.future is not None:
+                    run.future.cancel()
         for _ in self._threads:
             self._calls.put(None)
 
@@ -390,6 +406,7 @@ async def call_sync(runner: SyncRunner, task: Task, ctx: JobContext, args: tuple
     job whose thread still runs."""
     run = runner.submit(task.fn, (ctx, *args), kwargs, timeout_s, ctx, task.name, on_overrun)
     on_thread(run)
+    assert run.future is not None
     try:
         value = await run.future  # the handler's own return or error
     except asyncio.CancelledError:

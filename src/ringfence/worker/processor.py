@@ -14,7 +14,6 @@ import logging
 
 from ringfence.models import Fetched
 from ringfence.redis.connection import UNAVAILABLE
-from ringfence.tasks import JobContext
 from ringfence.worker.admit import Admission, Admitted
 from ringfence.worker.calls import SyncRun, SyncRunner
 from ringfence.worker.fetcher import Fetcher
@@ -110,52 +109,79 @@ class Processor:
     def _start(self, job: Fetched) -> None:
         r = Running(job)
         self.running[job.id] = r
-        r.task = self._loop.create_task(self._execute(r))  # asyncio.create_task without its Python frame
+        try:
+            a = self.admission.admit_now(job)
+            if type(a) is Admitted and self._start_sync(r, a):
+                return  # no Task: ``_returned`` records it once its thread returned
+        except Exception:
+            job_log(r).exception("job %s: recording its outcome failed; its lease will expire and it runs again",
+                                 job.id)
+            self._done(r)
+            return
+        r.task = self._loop.create_task(self._execute(r, a))  # asyncio.create_task without its Python frame
 
     # -- one job --------------------------------------------------------------------------------
-    async def _execute(self, r: Running) -> None:
+    def _start_sync(self, r: Running, a: Admitted) -> bool:
+        """An admitted sync job with no gate: its handler's call is queued for the job threads, and its verdict is
+        recorded by ``_returned`` (a Task and its wake-up per job spared). False: ``_execute`` runs it (an async or
+        gated one, or one whose earlier run still holds a thread here)."""
+        if a.task.is_async or self.gates.applies(r.job, a.task):
+            return False
+        return self.runner.start_sync(r, a, self._returned)
+
+    def _returned(self, run: SyncRun) -> None:
+        """(on the loop, from the job threads' hand-back) ``_execute``'s end for a job ``_start_sync`` started: a
+        plain ack is recorded here; anything to await (observers, another verdict) goes to a Task."""
+        r, a = run.owner
+        if r.abandoned:
+            return  # ``drain`` gave it up: nothing is recorded
         try:
-            a = self.admission.admit_now(r.job)
-            if type(a) is Admitted and (sync := self._start_sync(r, a)) is not None:
-                # ``_verdict`` of a plain sync job, in this one coroutine (not four per job)
-                run, ctx, timeout_s = sync
-                try:
-                    try:
-                        value = await run.future  # the handler's own return or error
-                    except asyncio.CancelledError:
-                        raise
-                    except BaseException:
-                        run.check_overrun(timeout_s)
-                        raise
-                    run.check_overrun(timeout_s)
-                except BaseException as exc:
-                    verdict = self.runner.raised(r, a.task, ctx, exc)
-                else:
-                    verdict = self.runner.returned(r, a, value)
-                if self.observers.hears_ran(a.task):
-                    await self.observers.ran(r.job, a.task, verdict)
-            else:
-                verdict = await self._verdict(r, a)
+            verdict = self.runner.outcome(r, a, run)
+            if self.observers.hears_ran(a.task) or (not r.settled and not r.lost and verdict.recorded
+                                                     and not self.settler.settle_now(r, verdict)):
+                r.task = self._loop.create_task(self._finish(r, a, verdict))
+                return
+        except asyncio.CancelledError:
+            pass  # the handler raised it (as its Task would have ended: nothing recorded)
+        except Exception:
+            job_log(r).exception("job %s: recording its outcome failed; its lease will expire and it runs again",
+                                 r.job.id)
+        self._done(r)
+
+    async def _finish(self, r: Running, a: Admitted, verdict: Verdict) -> None:
+        try:
+            if self.observers.hears_ran(a.task):
+                await self.observers.ran(r.job, a.task, verdict)
             if not r.settled and not r.lost and verdict.recorded and not self.settler.settle_now(r, verdict):
                 await self.settler.settle(r, verdict)
         except Exception:
             job_log(r).exception("job %s: recording its outcome failed; its lease will expire and it runs again",
                                  r.job.id)
         finally:
-            job_id = r.job.id
-            if self.running.get(job_id) is r:
-                del self.running[job_id]
-            if self.leftover.get(job_id) is r:
-                del self.leftover[job_id]
-            if self._free() >= self._want:
-                self._slot.set()
+            self._done(r)
 
-    def _start_sync(self, r: Running, a: Admitted) -> tuple[SyncRun, JobContext, float] | None:
-        """An admitted sync job with no gate: its handler's call is queued for the job threads. None: ``_verdict``
-        runs it (an async or gated one, or one whose earlier run still holds a thread here)."""
-        if a.task.is_async or self.gates.applies(r.job, a.task):
-            return None
-        return self.runner.start_sync(r, a)
+    async def _execute(self, r: Running, a: Admitted | Verdict | None) -> None:
+        try:
+            verdict = await self._verdict(r, a)
+            if not r.settled and not r.lost and verdict.recorded and not self.settler.settle_now(r, verdict):
+                await self.settler.settle(r, verdict)
+        except Exception:
+            job_log(r).exception("job %s: recording its outcome failed; its lease will expire and it runs again",
+                                 r.job.id)
+        finally:
+            self._done(r)
+
+    def _done(self, r: Running) -> None:
+        """The job leaves the tables; its slot is free."""
+        job_id = r.job.id
+        if self.running.get(job_id) is r:
+            del self.running[job_id]
+        if self.leftover.get(job_id) is r:
+            del self.leftover[job_id]
+        if r.waiter is not None and not r.waiter.done():
+            r.waiter.set_result(None)
+        if self._free() >= self._want:
+            self._slot.set()
 
     async def _verdict(self, r: Running, admitted: Admitted | Verdict | None) -> Verdict:
         job = r.job
@@ -175,6 +201,11 @@ class Processor:
                 await self.gates.release(job)
         await self.observers.ran(job, task, verdict)
         return verdict
+
+    def _waiter(self, r: Running) -> asyncio.Future[None]:
+        """A future ``_done`` resolves: what ``drain`` waits on for a job with no Task."""
+        r.waiter = self._loop.create_future()
+        return r.waiter
 
     # -- leases and shutdown --------------------------------------------------------------------
     def leases(self) -> list[Lease]:
@@ -212,19 +243,23 @@ class Processor:
     async def drain(self, timeout_s: float) -> None:
         """Stop fetching, let running jobs finish for ``timeout_s``, then cancel them and requeue the rest."""
         self.stopping.set()
-        tasks = [r.task for r in self.running.values() if r.task is not None]
+        tasks = [r.task if r.task is not None else self._waiter(r) for r in self.running.values()]
         if tasks:
             log.info("shutdown: waiting up to %gs for %d running job(s)", timeout_s, len(tasks))
             await asyncio.wait(tasks, timeout=timeout_s)
         self.runner.shutting_down = True
-        left = [r for r in [*self.running.values(), *self.leftover.values()] if r.task and not r.task.done()]
+        # Still here: a job whose Task runs, or one with no Task whose thread has not returned (``_start_sync``).
+        left = [r for r in [*self.running.values(), *self.leftover.values()] if r.task is None or not r.task.done()]
         for r in left:
             if r.ctx is not None:
                 r.ctx.cancelled.set()
             # A sync handler's thread still running cannot be stopped: its job keeps its lease until this
             # process exits and is returned when the lease lapses, so it never runs twice at once.
             r.abandoned = r.thread is not None and not r.thread.done()
-            r.task.cancel()  # type: ignore[union-attr]
+            if r.task is not None:
+                r.task.cancel()
+            else:  # abandoned (its thread has not returned): nothing is recorded, as its cancelled Task would
+                self._done(r)
         abandoned = [r for r in left if r.abandoned and not r.lost]
         if abandoned:
             log.warning("shutdown: %d sync handler(s) still running; their jobs return to the queue when their "
@@ -233,8 +268,9 @@ class Processor:
         requeued = sum(not r.abandoned for r in left)
         if requeued:
             log.warning("shutdown: returning %d unfinished job(s) to their queue", requeued)
-        if left:
-            await asyncio.wait([r.task for r in left if r.task is not None], timeout=5)
+        cancelled = [r.task for r in left if r.task is not None]
+        if cancelled:
+            await asyncio.wait(cancelled, timeout=5)
         await self.acks.stop()
         await self.fetcher.waker.close()
         self.pool.close()

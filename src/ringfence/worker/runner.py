@@ -63,22 +63,32 @@ class Runner:
             return self.raised(r, task, ctx, exc)
         return self.returned(r, a, value)
 
-    def start_sync(self, r: Running, a: Admitted) -> tuple[SyncRun, JobContext, float] | None:
-        """``run``'s start of a sync handler without a coroutine: its call is queued for the job threads and the
-        caller awaits its ``future`` as ``_sync`` does, then asks ``raised`` or ``returned`` for the verdict. None:
-        this job's previous run still holds a thread here; ``run`` waits for it."""
+    def start_sync(self, r: Running, a: Admitted, then: Callable[[SyncRun], None]) -> bool:
+        """``run``'s start of a sync handler without a coroutine: its call is queued for the job threads, and
+        ``then(run)`` is called on the loop once the thread returned (``run.owner`` is ``(r, a)``): it asks
+        ``outcome`` for the verdict. False: this job's previous run still holds a thread here; ``run`` waits."""
         earlier = self.leftover.get(r.job.id) if self.leftover else None
         if earlier is not None and earlier.thread is not None:
-            return None
+            return False
         ctx, timeout_s = self.begin(r, a)
         task = a.task
-        run = r.thread = self.pool.submit(task.fn, (ctx, *a.args), a.kwargs, timeout_s, ctx, task.name,
-                                          self.on_restart_required)
-        return run, ctx, timeout_s
+        r.thread = self.pool.submit(task.fn, (ctx, *a.args), a.kwargs, timeout_s, ctx, task.name,
+                                    self.on_restart_required, then, (r, a))
+        return True
+
+    def outcome(self, r: Running, a: Admitted, run: SyncRun) -> Verdict:
+        """The verdict on a call of ``start_sync`` whose thread returned, as ``_sync`` and ``run`` reach it."""
+        error = run.error
+        if run.overran and not isinstance(error, asyncio.CancelledError):
+            error = JobTimeout(run.timeout_s)
+        if error is not None:
+            assert r.ctx is not None
+            return self.raised(r, a.task, r.ctx, error)
+        return self.returned(r, a, run.result)
 
     def raised(self, r: Running, task: Task, ctx: JobContext, exc: BaseException) -> Verdict:
-        """The verdict on ``exc``, the error being handled (its traceback is the one recorded); a cancellation
-        that is not the worker's own is raised again."""
+        """The verdict on the handler's error ``exc``; a cancellation that is not the worker's own is raised
+        again."""
         if isinstance(exc, asyncio.CancelledError):
             if r.lost:
                 return LOST
@@ -86,10 +96,10 @@ class Runner:
                 return ABANDONED
             if self.shutting_down:
                 return REQUEUED_ON_SHUTDOWN
-            raise
+            raise exc
         if isinstance(exc, JobTimeout):
             return self._failed(task, ctx, TimeoutError(str(exc)), "")
-        return self._failed(task, ctx, exc, traceback.format_exc())  # a handler's error of any kind
+        return self._failed(task, ctx, exc, "".join(traceback.format_exception(exc)))  # an error of any kind
 
     def returned(self, r: Running, a: Admitted, value: Any) -> Verdict:
         task = a.task
@@ -115,6 +125,7 @@ class Runner:
             await self.pool.wait_returned(earlier.thread)
         run = r.thread = self.pool.submit(task.fn, (ctx, *args), kwargs, timeout_s, ctx, task.name,
                                           self.on_restart_required)
+        assert run.future is not None
         try:
             value = await run.future  # the handler's own return or error
         except asyncio.CancelledError:

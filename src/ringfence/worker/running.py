@@ -21,6 +21,7 @@ class Running:
     thread: SyncRun | None = None  # a sync handler's call in the pool (``done()`` once its thread returned)
     abandoned: bool = False  # shutdown left its thread running: the lease lapses, nothing is recorded
     sweeping: bool = False   # settled, on its way to dead-letter: the heartbeat still renews its lease
+    waiter: asyncio.Future[None] | None = None  # shutdown waits on it for a job with no Task (processor.py)
 
     def on_thread(self, run: SyncRun) -> None:
         self.thread = run
