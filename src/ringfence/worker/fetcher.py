@@ -46,7 +46,7 @@ class Fetcher:
         self._starving: list[str] = []
         self._starving_at = 0.0
 
-    async def cycle(self, free: int, start: Callable[[Fetched], bool]) -> None:
+    async def cycle(self, free: int, start: Callable[[Fetched], None]) -> None:
         """Fetch up to ``free`` jobs and ``start`` each; once every queue was found empty, wait idle until woken.
 
         Each fetch moves this worker's idle mark in its queue (fetch.lua). A job enqueued while the worker sleeps
@@ -69,19 +69,18 @@ class Fetcher:
             await self.take_pushed(pushed, self._left, start)
 
     async def take_pushed(self, pushed: list[tuple[Fetched, int]], free: int,
-                          start: Callable[[Fetched], bool]) -> None:
+                          start: Callable[[Fetched], None]) -> None:
         """Start the jobs leased to this worker by wake messages; those beyond ``free`` slots (marks in several
         queues, each the promise of a slot) are handed back at once, their attempt not counted. So is one read
         after its lease ran out (the recoverer has it; the hand-back then does nothing)."""
-        started, tasks = 0, False
+        started = 0
         for job, deadline in pushed:
             if started < free and deadline > job.started_ms + 1000:
-                tasks = start(job) or tasks
+                start(job)
                 started += 1
             else:
                 await self.waker.hand_back(job)
-        if tasks:
-            await asyncio.sleep(0)  # the jobs started as Tasks reach their handlers before the next fetch
+        await asyncio.sleep(0)  # the started jobs reach their handlers before the next fetch
 
     async def until(self, aw: Awaitable[Any]) -> None:
         """Await ``aw`` unless the worker is asked to stop first."""
@@ -109,12 +108,12 @@ class Fetcher:
                     self._starving.append(queue)
         return self._starving + [q for q in order if q not in self._starving]
 
-    async def fetch(self, free: int, start: Callable[[Fetched], bool]) -> bool:
+    async def fetch(self, free: int, start: Callable[[Fetched], None]) -> bool:
         """Fetch from the queues in order; False when each one was left empty (this worker is then marked idle in
         each, by the same script calls), True when one may hold more or every slot is taken."""
         now = self.broker.clock()
         until = now + int((self.idle_s + 1) * 1000)  # outlives the idle wait (its fallback timer)
-        tasks, more = False, False
+        started, more = 0, False
         self._marked = False
         for queue in await self.order():
             self._seq += 1
@@ -128,12 +127,13 @@ class Fetcher:
                 log.error("queue %s: %d queued id(s) had no job record and were dropped (counted as "
                           "'dangling'): %s", queue, len(dangling), " ".join(dangling[:10]))
             for job_id, raw, attempt in got:
-                tasks = start(Fetched(job_id, queue, raw, attempt, token, now)) or tasks
+                start(Fetched(job_id, queue, raw, attempt, token, now))
             free -= len(got)
+            started += len(got)
             if dangling or not empty or free <= 0:
                 more = True
                 break
         self._left = free
-        if tasks:  # the jobs started as Tasks reach their handlers before the next fetch or the wait
-            await asyncio.sleep(0)  # (a plain sync job is with the job threads already: no turn for it)
+        if started:
+            await asyncio.sleep(0)  # the started jobs reach their handlers before the next fetch or the wait
         return more

@@ -106,21 +106,19 @@ class Processor:
             timer.cancel()
             self._want = 1
 
-    def _start(self, job: Fetched) -> bool:
-        """Start a fetched job; True when it runs as a Task (it reaches its handler at the loop's next turn)."""
+    def _start(self, job: Fetched) -> None:
         r = Running(job)
         self.running[job.id] = r
         try:
             a = self.admission.admit_now(job)
             if type(a) is Admitted and self._start_sync(r, a):
-                return False  # no Task: ``_returned`` records it once its thread returned
+                return  # no Task: ``_returned`` records it once its thread returned
         except Exception:
             job_log(r).exception("job %s: recording its outcome failed; its lease will expire and it runs again",
                                  job.id)
             self._done(r)
-            return False
+            return
         r.task = self._loop.create_task(self._execute(r, a))  # asyncio.create_task without its Python frame
-        return True
 
     # -- one job --------------------------------------------------------------------------------
     def _start_sync(self, r: Running, a: Admitted) -> bool:
