@@ -11,6 +11,9 @@ round after round (docs/benchmarks.md, "Third pass: the sync drain")::
 
     mkdir -p /tmp/before && git archive <commit> src | tar -x -C /tmp/before
     python -m bench.drain_cpu --jobs 6000 --rounds 4 --src /tmp/before/src --src src
+
+``--scripts BATCH`` measures no drain: Redis's own time in the fetch and ack scripts per job, ``--jobs`` plain jobs
+fetched and acked BATCH at a time by one caller.
 """
 
 from __future__ import annotations
@@ -179,6 +182,32 @@ def drain(src: str, jobs: int, handler: str, url: str, log_dir: str, profile: st
         broker.close()
 
 
+def script_cost(url: str, batch: int, jobs: int) -> str:
+    """Redis's own time in fetch.lua and ack.lua (``INFO commandstats``, µs per job): ``jobs`` plain jobs fetched
+    ``batch`` at a time, then acked in the same batches, one call after another (no worker: the scripts alone).
+    Run in a process of its own on the checkout being measured (``--scripts``)."""
+    from ringfence.models import JobSpec
+
+    broker = App(url).broker
+    broker.sync.flushall()
+    spec = JobSpec(task="peers.job", args={}, enqueued_ms=time.time() * 1000).encode()
+    for start in range(0, jobs, 1000):
+        broker.run(broker.enqueue("q", [(f"j{i}", spec, 0) for i in range(start, min(start + 1000, jobs))]))
+
+    def served() -> float:
+        return float(broker.sync.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0))
+
+    t0 = served()
+    batches = [broker.run(broker.fetch("q", batch, broker.clock() + 600_000, f"w.{n}"))
+               for n in range(-(-jobs // batch))]
+    t1 = served()
+    for n, got in enumerate(batches):
+        broker.run(broker.ack("q", [(job_id, f"w.{n}") for job_id, _, _ in got]))
+    t2 = served()
+    broker.close()
+    return f"fetch {(t1 - t0) / jobs:.2f} µs/job, ack {(t2 - t1) / jobs:.2f} µs/job (Redis, batches of {batch})"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.drain_cpu", description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=5000)
@@ -187,9 +216,21 @@ def main() -> int:
     ap.add_argument("--handler", choices=("sync", "async", "noop", "anoop"), default="sync",
                     help="the peer body in a def or async def handler, or a no-op def or async def handler")
     ap.add_argument("--profile", help="write a py-spy raw profile (or perf's, for *.perf) of each drain here")
+    ap.add_argument("--scripts", type=int, metavar="BATCH",
+                    help="no drain: Redis's time in the fetch and ack scripts per job, BATCH jobs a call")
+    ap.add_argument("--script-cost", nargs=3, help=argparse.SUPPRESS)  # url batch jobs: one --scripts measure
     args = ap.parse_args()
+    if args.script_cost:
+        url, batch, jobs = args.script_cost
+        print(script_cost(url, int(batch), int(jobs)))
+        return 0
 
     def one(src: str, url: str, tmp: str) -> str:
+        if args.scripts:
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, ROOT])}
+            return subprocess.run([sys.executable, "-m", "bench.drain_cpu", "--script-cost", url, str(args.scripts),
+                                   str(args.jobs)], env=env, check=True, capture_output=True,
+                                  text=True).stdout.strip()
         r = drain(src, args.jobs, args.handler, url, tmp, args.profile)
         return (f"{r['jobs_s']:,.0f} jobs/s, {r['cpu_us']:,.0f} µs CPU/job (user {r['user_us']:,.0f}, "
                 f"sys {r['sys_us']:,.0f}), {r['switches']:.1f} switches/job, {r['scripts']:.2f} script calls/job, "
