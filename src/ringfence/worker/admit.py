@@ -9,6 +9,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
+import orjson
+
 from ringfence.errors import BadRecord, PayloadError, PayloadTooNew
 from ringfence.logs import job_logger
 from ringfence.models import Fetched, JobSpec
@@ -16,6 +18,19 @@ from ringfence.settings import WorkerSettings
 from ringfence.tasks import Registry, Task
 from ringfence.worker.observers import Observers
 from ringfence.worker.outcomes import Outcome, Verdict
+
+
+def plain_spec(raw: bytes | str) -> JobSpec | None:
+    """``JobSpec.decode`` of the record a plain enqueue writes (``JobSpec.plain``: the four fields t, v, e, a, each
+    of a type the decode takes), without its field-by-field walk: a third of its time. None for any other record:
+    the full decode reads it (and names what is wrong with it)."""
+    doc = orjson.loads(raw)
+    if type(doc) is dict and len(doc) == 4:
+        task, version, enqueued_ms, args = doc.get("t"), doc.get("v"), doc.get("e"), doc.get("a")
+        if (type(task) is str and type(version) is int and (type(enqueued_ms) is float or type(enqueued_ms) is int)
+                and type(args) is dict):
+            return JobSpec(task=task, args=args, enqueued_ms=enqueued_ms, version=version)
+    return None
 
 
 class Admitted(NamedTuple):
@@ -47,8 +62,8 @@ class Admission:
         if job.spec is not None:
             return None  # decoded before: ``admit`` looks again
         try:
-            spec = JobSpec.decode(job.raw)
-        except BadRecord:
+            spec = plain_spec(job.raw) or JobSpec.decode(job.raw)
+        except (BadRecord, orjson.JSONDecodeError):
             return None
         task = self.registry.get(spec.task)
         if task is None or self.refuse(job, spec, task) is not None:
