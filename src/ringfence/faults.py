@@ -9,7 +9,8 @@ failed_jobs row), or in the outbox relay (``relay_after_read``, ``relay_after_se
 - the environment: ``RINGFENCE_FAULTS="after_effect"`` SIGKILLs the process the
   first time it reaches that point; ``"after_effect:0.3,before_commit"`` kills at
   ``after_effect`` with probability 0.3 and always at ``before_commit``.
-  Used by tests and chaos runs on real worker processes.
+  Used by tests and chaos runs on real worker processes. Read once per process, at the
+  first fault point; :func:`reload` reads it again (a test that changes it in-process).
 - in-process, for tests: ``with faults.inject(hook): ...`` calls ``hook(name)``
   at every point; the hook may raise to simulate a crash there.
 
@@ -45,6 +46,9 @@ RELAY_POINTS = ("relay_after_read", "relay_after_send", "relay_after_mark")
 
 _hooks: list[Callable[[str], None]] = []
 _lock = threading.Lock()
+# RINGFENCE_FAULTS parsed, None until the first fault point: a fenced job passes six points, and
+# os.environ.get of an unset name costs more than the rest of the point.
+_env: dict[str, float] | None = None
 
 
 class SimulatedKill(BaseException):
@@ -74,12 +78,19 @@ def fault_point(name: str) -> None:
             hooks = list(_hooks)
         for hook in hooks:
             hook(name)
-    spec = os.environ.get(ENV)
-    if not spec:  # the common case: one dict lookup and out
+    points = _env if _env is not None else reload()
+    if not points:  # the common case
         return
-    prob = parse(spec).get(name)
+    prob = points.get(name)
     if prob is not None and random.random() < prob:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def reload() -> dict[str, float]:
+    """Read ``RINGFENCE_FAULTS`` again (it is read once per process) and return its points."""
+    global _env
+    _env = parse(os.environ.get(ENV))
+    return _env
 
 
 @contextmanager

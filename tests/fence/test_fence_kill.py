@@ -57,7 +57,27 @@ def test_sigkill_after_effect_then_rerun_replays_same_key(backend: Backend, tmp_
 def test_fault_spec_parsing_and_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     assert faults.parse("after_effect:0.3, before_commit") == {"after_effect": 0.3, "before_commit": 1.0}
     monkeypatch.delenv(faults.ENV, raising=False)
+    faults.reload()
     for point in faults.POINTS:
         faults.fault_point(point)  # nothing happens
     monkeypatch.setenv(faults.ENV, "after_effect:0")
+    faults.reload()
     faults.fault_point("after_effect")  # probability 0: never fires
+
+
+def test_fault_env_is_read_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    kills: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: kills.append((pid, sig)))
+    monkeypatch.setenv(faults.ENV, "after_effect")
+    faults.reload()
+    try:
+        faults.fault_point("after_effect")
+        assert kills == [(os.getpid(), signal.SIGKILL)]
+        monkeypatch.delenv(faults.ENV)  # not read again: a job's six points make no environment lookup
+        faults.fault_point("after_effect")
+        assert len(kills) == 2
+    finally:
+        monkeypatch.delenv(faults.ENV, raising=False)
+        faults.reload()
+    faults.fault_point("after_effect")
+    assert len(kills) == 2
