@@ -29,7 +29,7 @@ from .direct import AConn, AsyncDirect
 from .model import COMPLETABLE, FenceRow, FenceState, Owner, provider_key
 from .rows import fenced_out as _fenced_out
 from .rows import row_of as _row
-from .statements import where
+from .statements import _CALLING, _CLAIMED, _COMPLETED, _EFFECTED, where
 
 T = TypeVar("T")
 
@@ -65,13 +65,8 @@ class AsyncFence:
         direct = self.direct
         return await aretrying(self.store.retry, lambda retried: direct.run(lambda conn: fn(conn, retried)), what)
 
-    @staticmethod
-    async def _execute(conn: AConn, stmt: Any, values: dict[str, Any]) -> tuple[int, Any]:
-        """One prebuilt statement: (rowcount, first row as a dict or None). A driver error is raised as SQLAlchemy
-        raises it (``DBAPIError``, ``connection_invalidated`` for a dead connection), so the retry sees the usual
-        error."""
-        result = await conn.execute(stmt, values)
-        return result.rowcount, result.mappings().first()
+    # Each statement is one ``conn.execute`` (AConn.execute): a driver error is raised as SQLAlchemy raises it
+    # (``DBAPIError``, ``connection_invalidated`` for a dead connection), so the retry sees the usual error.
 
     async def capture_or_get(self, subject: str, step: str, owner: Owner, phash: str, retention_s: float | None,
                              request: str | None = None) -> tuple[FenceRow | None, bool]:
@@ -85,7 +80,7 @@ class AsyncFence:
             values["v_request"] = request
 
         async def run(conn: AConn, _retried: bool) -> Any:
-            return (await self._execute(conn, stmt, values))[1]
+            return (await conn.execute(stmt, values)).mappings().first()
 
         m = await self._run("fence capture", run)
         if m["fresh"]:
@@ -108,7 +103,7 @@ class AsyncFence:
         async def run(conn: AConn, retried: bool) -> None:
             if before is not None:
                 fault_point(before)
-            if (await self._execute(conn, stmt, params))[0] == 1:
+            if (await conn.execute(stmt, params)).rowcount == 1:
                 return
             if not (retried and expect is not None and await self._holds(conn, subject, step, epoch, expect)):
                 raise _fenced_out(subject, step, epoch, states or None)
@@ -118,32 +113,32 @@ class AsyncFence:
     async def mark_calling(self, subject: str, step: str, epoch: int, request: str | None, lease_s: float) -> None:
         await self._cas(self.store.stmts.calling, subject, step, epoch,
                         {"v_request": request, "v_lease_s": float(lease_s)}, [FenceState.CLAIMED],
-                        {"state": FenceState.CALLING.value, "request": request})
+                        {"state": _CALLING, "request": request})
 
     async def set_request(self, subject: str, step: str, epoch: int, request: str) -> None:
         await self._cas(self.store.stmts.set_request, subject, step, epoch, {"v_request": request},
-                        [FenceState.CALLING], {"state": FenceState.CALLING.value, "request": request})
+                        [FenceState.CALLING], {"state": _CALLING, "request": request})
 
     async def renew(self, subject: str, step: str, epoch: int, lease_s: float) -> None:
         await self._cas(self.store.stmts.renew, subject, step, epoch, {"v_lease_s": float(lease_s)}, [], None)
 
     async def record(self, subject: str, step: str, epoch: int, reference: str) -> None:
         await self._cas(self.store.stmts.record, subject, step, epoch, {"v_reference": reference},
-                        [FenceState.CALLING], {"state": FenceState.EFFECTED.value, "reference": reference})
+                        [FenceState.CALLING], {"state": _EFFECTED, "reference": reference})
 
     async def unmark(self, subject: str, step: str, epoch: int) -> None:
         await self._cas(self.store.stmts.unmark, subject, step, epoch, {}, [FenceState.CALLING],
-                        {"state": FenceState.CLAIMED.value, "calling_at": None})
+                        {"state": _CLAIMED, "calling_at": None})
 
     async def release(self, subject: str, step: str, epoch: int) -> None:
         params = where(subject, step, epoch)
 
         async def run(conn: AConn, _retried: bool) -> None:
-            await self._execute(conn, self.store.stmts.release, params)
+            await conn.execute(self.store.stmts.release, params)
 
         await self._run("fence release", run)
 
     async def complete(self, subject: str, step: str, epoch: int, result: str | None,
                        states: Sequence[FenceState] = COMPLETABLE) -> None:
         await self._cas(self.store.stmts.complete, subject, step, epoch, {"v_result": result}, states,
-                        {"state": FenceState.COMPLETED.value, "result": result}, before="before_commit")
+                        {"state": _COMPLETED, "result": result}, before="before_commit")

@@ -93,12 +93,13 @@ def retrying(policy: DbRetry, attempt: Callable[[bool], T], what: str = "databas
     its connection died (the answer to COMMIT was lost), so a conditional write that now matches
     nothing must check whether the row already holds what it wanted to write.
     """
-    delays = policy.delays()
+    delays: Iterator[float] | None = None  # made once a try failed: most statements succeed at once
     retried = False
     while True:
         try:
             return attempt(retried)
         except DBAPIError as exc:
+            delays = delays or policy.delays()
             delay = _next_delay(exc, delays, what)
         time.sleep(delay)
         retried = True
@@ -106,12 +107,13 @@ def retrying(policy: DbRetry, attempt: Callable[[bool], T], what: str = "databas
 
 async def aretrying(policy: DbRetry, attempt: Callable[[bool], Awaitable[T]], what: str = "database call") -> T:
     """Async twin of :func:`retrying` (sleeps with ``asyncio.sleep``)."""
-    delays = policy.delays()
+    delays: Iterator[float] | None = None
     retried = False
     while True:
         try:
             return await attempt(retried)
         except DBAPIError as exc:
+            delays = delays or policy.delays()
             delay = _next_delay(exc, delays, what)
         await asyncio.sleep(delay)
         retried = True

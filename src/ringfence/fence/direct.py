@@ -355,7 +355,7 @@ def _wire(dialect: Any, raw: Any) -> Wire | None:
 
 
 def _result(sql: Sql, wire: Wire, res: Any) -> Result:
-    names, rows = wire.rows(res)
+    names, rows = wire.rows(res, sql.names)
     if sql.names is None:
         sql.names = names
     count = res.command_tuples

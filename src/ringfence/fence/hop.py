@@ -19,7 +19,6 @@ import contextvars
 import queue
 import threading
 from collections.abc import Callable
-from contextlib import suppress
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -90,8 +89,10 @@ def _call(call: _Call) -> None:
 
 
 def _answer(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
-    with suppress(RuntimeError):  # the loop closed while the call ran: nobody waits for it
+    try:
         loop.call_soon_threadsafe(_settle, fut, value, exc)
+    except RuntimeError:  # the loop closed while the call ran: nobody waits for it
+        pass
 
 
 def _settle(fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:

@@ -180,6 +180,9 @@ def _in_transaction(conn: Connection) -> bool:
     if conn.invalidated:
         return False
     raw: Any = conn.connection.dbapi_connection
+    pgconn = getattr(raw, "pgconn", None)
+    if pgconn is not None:  # psycopg: libpq's status as an int (``raw.info`` builds an object and two enums)
+        return int(pgconn.transaction_status) != 0
     info = getattr(raw, "info", None)
     if info is not None and hasattr(info, "transaction_status"):  # psycopg
         return int(info.transaction_status) != 0

@@ -101,9 +101,13 @@ class FenceRow:
 _ROW_FIELDS = frozenset(f.name for f in fields(FenceRow))
 
 
+# What json.dumps builds on every call with these arguments (encode() keeps no state: threads share it).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def dumps(value: Any) -> str:
     """Canonical JSON (sorted keys, no spaces): equal values give equal text and hashes."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(value)
 
 
 def params_hash(params: Any) -> str:

@@ -140,11 +140,13 @@ class Wire:
             self.prepared.add(form.name)
         return results[-1]
 
-    def rows(self, res: Any) -> tuple[list[str] | None, list[Any] | None]:
-        """(column names, rows as tuples), or (None, None) for a statement that returns no rows."""
+    def rows(self, res: Any, names: list[str] | None) -> tuple[list[str] | None, list[Any] | None]:
+        """(column names, rows as tuples), or (None, None) for a statement that returns no rows. ``names``: the
+        statement's column names when known (read once per statement: the capture returns 21 columns)."""
         if res.status != pq.ExecStatus.TUPLES_OK:
             return None, None
-        names = [(res.fname(i) or b"").decode() for i in range(res.nfields)]
+        if names is None:
+            names = [(res.fname(i) or b"").decode() for i in range(res.nfields)]
         self.tx.set_pgresult(res)
         return names, self.tx.load_rows(0, res.ntuples, tuple)
 

@@ -202,7 +202,7 @@ class Step(_StepView):
         if stored is not None:
             return stored
         value = fn()
-        if inspect.isawaitable(value):
+        if _awaitable(value):
             _close(value)
             raise TypeError("effect(fn): fn returned an awaitable in a sync step; use `async with`")
         return self._core.finish_effect(value, reference)
@@ -245,7 +245,7 @@ class AsyncStep(_StepView):
             stored, value = await HOP.run(_sync_effect, core, fn, request, reference)
             if stored is not None:
                 return stored
-            if not inspect.isawaitable(value):
+            if not _awaitable(value):
                 return str(value)  # recorded in the thread: value is the reference
             value = await value
         if a is not None:
@@ -307,7 +307,7 @@ def _sync_effect(core: Core, fn: Callable[[], Any], request: Any,
     if stored is not None:
         return stored, None
     value = fn()
-    if inspect.isawaitable(value):
+    if _awaitable(value):
         return None, value
     return None, core.finish_effect(value, reference)
 
@@ -323,6 +323,11 @@ async def _bounded_hook(core: Core) -> Any:
     except TimeoutError:
         raise ReconcileTimeout(f"fence {core.subject!r}/{core.step!r}: the reconcile hook did not answer within "
                                f"reconcile_timeout_s={bound:g}s; the step stays calling") from None
+
+
+def _awaitable(value: Any) -> bool:
+    # A str (the usual reference) is never awaitable: inspect.isawaitable ends in an ABC check.
+    return type(value) is not str and inspect.isawaitable(value)
 
 
 def _close(awaitable: Any) -> None:
