@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import replace
 from datetime import datetime
+from functools import partial
 from typing import Any, TypeVar
 
 from sqlalchemy import (
@@ -140,7 +141,7 @@ class FenceStore:
         where the store has them (``direct.py``), else in autocommit where cheap."""
         direct = self.direct
         if direct is not None:
-            return retrying(self.retry, lambda retried: direct.run(lambda conn: fn(conn, retried)), what)
+            return retrying(self.retry, partial(direct.run, fn), what)  # fn(conn, retried)
         if not self._auto1:
             return self._write(what, fn)
 
