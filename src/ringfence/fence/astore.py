@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from functools import partial
 from typing import Any, TypeVar
 
 from sqlalchemy import Update, select
@@ -63,7 +62,8 @@ class AsyncFence:
         await self.direct.aclose()
 
     async def _run(self, what: str, fn: Callable[[AConn, bool], Awaitable[T]]) -> T:
-        return await aretrying(self.store.retry, partial(self.direct.run, fn), what)  # fn(conn, retried)
+        direct = self.direct
+        return await aretrying(self.store.retry, lambda retried: direct.run(lambda conn: fn(conn, retried)), what)
 
     # Each statement is one ``conn.execute`` (AConn.execute): a driver error is raised as SQLAlchemy raises it
     # (``DBAPIError``, ``connection_invalidated`` for a dead connection), so the retry sees the usual error.

@@ -186,10 +186,9 @@ class Direct(_Kept):
         self._pid = os.getpid()
         self._inherited: list[Conn] = []  # a forked child's copies of the parent's: kept unused, never closed
 
-    def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(conn, *args)`` on a kept connection (a new one when none is idle); the connection is kept again
-        unless it broke or ``fn`` was interrupted by something other than an error. (``args``: the retry's
-        ``retried`` is passed through without a closure per statement.)"""
+    def run(self, fn: Callable[[Conn], T]) -> T:
+        """``fn(conn)`` on a kept connection (a new one when none is idle); the connection is kept again unless
+        it broke or ``fn`` was interrupted by something other than an error."""
         if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours to use
             self._forked()
         try:
@@ -199,7 +198,7 @@ class Direct(_Kept):
         for tap in self.on_take:
             tap(conn.raw)
         try:
-            out = fn(conn, *args)
+            out = fn(conn)
         except Exception:
             self._give(conn, _idle(conn.raw))
             raise
@@ -295,7 +294,7 @@ class AsyncDirect(_Kept):
         self._idle: deque[AConn] = deque()
         self._dead: list[AConn] = []  # closed at the next statement (closing is async)
 
-    async def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    async def run(self, fn: Callable[[AConn], Awaitable[T]]) -> T:
         """Async :meth:`Direct.run`."""
         if self._dead:
             await self._close_dead()
@@ -309,7 +308,7 @@ class AsyncDirect(_Kept):
         for tap in self.on_take:
             tap(conn.raw)
         try:
-            out = await fn(conn, *args)
+            out = await fn(conn)
         except Exception:
             self._give(conn, _idle(conn.raw))
             raise

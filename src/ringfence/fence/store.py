@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import replace
 from datetime import datetime
-from functools import partial
 from typing import Any, TypeVar
 
 from sqlalchemy import (
@@ -141,7 +140,7 @@ class FenceStore:
         where the store has them (``direct.py``), else in autocommit where cheap."""
         direct = self.direct
         if direct is not None:
-            return retrying(self.retry, partial(direct.run, fn), what)  # fn(conn, retried)
+            return retrying(self.retry, lambda retried: direct.run(lambda conn: fn(conn, retried)), what)
         if not self._auto1:
             return self._write(what, fn)
 
