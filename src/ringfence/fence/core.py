@@ -274,10 +274,14 @@ class Core:
     def plan_effect(self, request: Any) -> tuple[str | None, tuple[str, tuple[Any, ...]] | None]:
         """(the stored reference, None) when the call is skipped; else (None, the write to make before the call:
         (store method, arguments), or None when the capture already marked calling with this request)."""
-        stored = self.stored_reference()
-        if stored is not None:
-            return stored, None
         row = self.row
+        if row.reference is not None:
+            return row.reference, None
+        if self.done:
+            raise FenceError(f"{self._where()} completed on an earlier run without a reference")
+        if self.owner.settle_only and not self.replay:
+            raise SettleOnly(f"{self._where()}: job {self.owner.job_id!r} is on its settling run (its attempts "
+                             "were used up by orphaned runs): steps in doubt are settled, no new effect starts")
         key = (self.subject, self.step, row.epoch)
         if self.replay:  # same key, stored request: the provider answers with the first result
             return None, ("renew", (*key, self.owner.lease_s))
@@ -285,19 +289,6 @@ class Core:
         if self.premarked and not self.called:  # captured as calling with the params as its request
             return None, (None if body == row.request else ("set_request", (*key, body)))
         return None, ("mark_calling", (*key, body, self.owner.lease_s))
-
-    def stored_reference(self) -> str | None:
-        """:meth:`plan_effect`'s first answer alone (no request serialised): the stored reference, or None when
-        the call is to be made; raises when no effect may start."""
-        row = self.row
-        if row.reference is not None:
-            return row.reference
-        if self.done:
-            raise FenceError(f"{self._where()} completed on an earlier run without a reference")
-        if self.owner.settle_only and not self.replay:
-            raise SettleOnly(f"{self._where()}: job {self.owner.job_id!r} is on its settling run (its attempts "
-                             "were used up by orphaned runs): steps in doubt are settled, no new effect starts")
-        return None
 
     def effect_begun(self, write: tuple[str, tuple[Any, ...]] | None) -> None:
         """The write of :meth:`plan_effect` is committed: the row as written (no read-back)."""

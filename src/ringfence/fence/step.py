@@ -239,7 +239,7 @@ class AsyncStep(_StepView):
             # A sync fn runs in a thread anyway: calling, the call and the record share that one hop (the sync
             # statements cost less CPU than the async ones; a stored reference needs no hop at all). hop.py: half
             # the CPU of asyncio.to_thread's hop.
-            stored = core.stored_reference() if a is not None else None
+            stored = core.plan_effect(request)[0] if a is not None else None
             if stored is not None:
                 return stored
             stored, value = await HOP.run(_sync_effect, core, fn, request, reference)
