@@ -26,10 +26,10 @@ from sqlalchemy.engine import make_url
 from ..faults import fault_point
 from .dbretry import aretrying
 from .direct import AConn, AsyncDirect
-from .model import COMPLETABLE, FenceRow, FenceState, Owner, provider_key
+from .model import COMPLETABLE, FenceRow, FenceState, Owner, StateText, provider_key
 from .rows import fenced_out as _fenced_out
 from .rows import row_of as _row
-from .statements import _CALLING, _CLAIMED, _COMPLETED, _EFFECTED, where
+from .statements import where
 
 T = TypeVar("T")
 
@@ -113,22 +113,22 @@ class AsyncFence:
     async def mark_calling(self, subject: str, step: str, epoch: int, request: str | None, lease_s: float) -> None:
         await self._cas(self.store.stmts.calling, subject, step, epoch,
                         {"v_request": request, "v_lease_s": float(lease_s)}, [FenceState.CLAIMED],
-                        {"state": _CALLING, "request": request})
+                        {"state": StateText.CALLING, "request": request})
 
     async def set_request(self, subject: str, step: str, epoch: int, request: str) -> None:
         await self._cas(self.store.stmts.set_request, subject, step, epoch, {"v_request": request},
-                        [FenceState.CALLING], {"state": _CALLING, "request": request})
+                        [FenceState.CALLING], {"state": StateText.CALLING, "request": request})
 
     async def renew(self, subject: str, step: str, epoch: int, lease_s: float) -> None:
         await self._cas(self.store.stmts.renew, subject, step, epoch, {"v_lease_s": float(lease_s)}, [], None)
 
     async def record(self, subject: str, step: str, epoch: int, reference: str) -> None:
         await self._cas(self.store.stmts.record, subject, step, epoch, {"v_reference": reference},
-                        [FenceState.CALLING], {"state": _EFFECTED, "reference": reference})
+                        [FenceState.CALLING], {"state": StateText.EFFECTED, "reference": reference})
 
     async def unmark(self, subject: str, step: str, epoch: int) -> None:
         await self._cas(self.store.stmts.unmark, subject, step, epoch, {}, [FenceState.CALLING],
-                        {"state": _CLAIMED, "calling_at": None})
+                        {"state": StateText.CLAIMED, "calling_at": None})
 
     async def release(self, subject: str, step: str, epoch: int) -> None:
         params = where(subject, step, epoch)
@@ -141,4 +141,4 @@ class AsyncFence:
     async def complete(self, subject: str, step: str, epoch: int, result: str | None,
                        states: Sequence[FenceState] = COMPLETABLE) -> None:
         await self._cas(self.store.stmts.complete, subject, step, epoch, {"v_result": result}, states,
-                        {"state": _COMPLETED, "result": result}, before="before_commit")
+                        {"state": StateText.COMPLETED, "result": result}, before="before_commit")

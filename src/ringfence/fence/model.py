@@ -26,6 +26,12 @@ class FenceState(StrEnum):
     IN_DOUBT = "in_doubt"  # calling, owner gone, no way to tell: a person decides
 
 
+class StateText:
+    """The states as plain ``str``, for statement parameters (a member's ``.value`` is two Python calls on 3.11)."""
+
+    CLAIMED, CALLING, EFFECTED, COMPLETED, IN_DOUBT = (s.value for s in FenceState)
+
+
 #: States from which a step may still complete (never from ``calling``: the answer is unknown).
 COMPLETABLE = (FenceState.CLAIMED, FenceState.EFFECTED)
 

@@ -19,10 +19,6 @@ from sqlalchemy import Double, Table, TextClause, bindparam, case, insert, or_, 
 from .model import COMPLETABLE, FenceState
 from .schema import db_now, db_now_plus
 
-# The states as plain text, in the parameters of every write (a member's ``.value`` is two Python calls on 3.11).
-_CLAIMED, _CALLING, _EFFECTED, _COMPLETED, _IN_DOUBT = (s.value for s in (
-    FenceState.CLAIMED, FenceState.CALLING, FenceState.EFFECTED, FenceState.COMPLETED, FenceState.IN_DOUBT))
-
 
 def _where(t: Table, states: int = 0) -> list[Any]:
     cond: list[Any] = [t.c.subject == bindparam("w_subject"), t.c.step == bindparam("w_step"),

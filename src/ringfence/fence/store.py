@@ -46,11 +46,11 @@ from . import complete as _complete
 from .astore import AsyncFence, async_url
 from .dbretry import DEFAULT_RETRY, DbRetry, make_engine, retrying, skip_idle_ends, watch_disconnects
 from .direct import Direct
-from .model import COMPLETABLE, FenceRow, FenceState, Owner, provider_key
+from .model import COMPLETABLE, FenceRow, FenceState, Owner, StateText, provider_key
 from .rows import fenced_out as _fenced_out
 from .rows import row_of as _row
 from .schema import DEFAULT_TABLE, create_tables, db_now, db_now_plus, fence_table
-from .statements import _CALLING, _CLAIMED, _COMPLETED, _EFFECTED, _IN_DOUBT, Statements, where
+from .statements import Statements, where
 
 T = TypeVar("T")
 
@@ -307,7 +307,7 @@ class FenceStore:
     def mark_calling(self, subject: str, step: str, epoch: int, request: str | None, lease_s: float) -> None:
         """claimed → calling, with the exact request; committed before the provider call."""
         self._cas(self.stmts.calling, subject, step, epoch, {"v_request": request, "v_lease_s": float(lease_s)},
-                  [FenceState.CLAIMED], {"state": _CALLING, "request": request})
+                  [FenceState.CLAIMED], {"state": StateText.CALLING, "request": request})
 
     def renew(self, subject: str, step: str, epoch: int, lease_s: float) -> None:
         """Push ``lease_until`` ahead (a replay is about to call the provider again)."""
@@ -316,28 +316,28 @@ class FenceStore:
     def record(self, subject: str, step: str, epoch: int, reference: str) -> None:
         """calling → effected with the provider's reference, committed at once."""
         self._cas(self.stmts.record, subject, step, epoch, {"v_reference": reference}, [FenceState.CALLING],
-                  {"state": _EFFECTED, "reference": reference})
+                  {"state": StateText.EFFECTED, "reference": reference})
 
     def reset_claimed(self, subject: str, step: str, epoch: int) -> None:
         """calling → claimed: reconcile said the effect did not happen, so calling again is safe."""
         self._cas(self.stmts.reset_claimed, subject, step, epoch, {}, [FenceState.CALLING],
-                  {"state": _CLAIMED, "calling_at": None})
+                  {"state": StateText.CLAIMED, "calling_at": None})
 
     def unmark(self, subject: str, step: str, epoch: int) -> None:
         """calling → claimed with the lease over: a step captured as calling whose block failed before its effect
         (nothing left the network), so a retry may take over at once."""
         self._cas(self.stmts.unmark, subject, step, epoch, {}, [FenceState.CALLING],
-                  {"state": _CLAIMED, "calling_at": None})
+                  {"state": StateText.CLAIMED, "calling_at": None})
 
     def set_request(self, subject: str, step: str, epoch: int, request: str) -> None:
         """Store the exact request of a step captured as calling when ``effect(request=...)`` names another one."""
         self._cas(self.stmts.set_request, subject, step, epoch, {"v_request": request}, [FenceState.CALLING],
-                  {"state": _CALLING, "request": request})
+                  {"state": StateText.CALLING, "request": request})
 
     def park(self, subject: str, step: str, epoch: int) -> None:
         """calling → in_doubt: nobody can tell; a person resolves it."""
         self._cas(self.stmts.park, subject, step, epoch, {}, [FenceState.CALLING],
-                  {"state": _IN_DOUBT, "lease_until": None})
+                  {"state": StateText.IN_DOUBT, "lease_until": None})
 
     def release(self, subject: str, step: str, epoch: int) -> None:
         """End our lease early (a claimed step failed before its effect); best effort."""
@@ -355,7 +355,7 @@ class FenceStore:
                  states: Sequence[FenceState] = COMPLETABLE) -> None:
         """Complete with no local writes: one statement, on its own (autocommit where that saves round trips)."""
         params = self.complete_statement(subject, step, epoch, result, states).params
-        done = {"state": _COMPLETED, "result": result}
+        done = {"state": StateText.COMPLETED, "result": result}
 
         def attempt(conn: Connection, retried: bool) -> None:
             fault_point("before_commit")  # nothing committed yet, also in autocommit
@@ -408,7 +408,7 @@ class FenceStore:
         return self._url_text
 
     def _committed(self, subject: str, step: str, epoch: int, result: str | None) -> Callable[[], bool]:
-        done = {"state": _COMPLETED, "result": result}
+        done = {"state": StateText.COMPLETED, "result": result}
         return lambda: self._read(lambda conn: self._holds(conn, subject, step, epoch, done))
 
     # --- a job that leaves the queue -------------------------------------------------------
@@ -437,8 +437,8 @@ class FenceStore:
             raise ValueError("resolve(happened=True) needs the provider's reference")
         t = self.table
         values: dict[str, Any] = (
-            {"state": _EFFECTED, "reference": reference} if happened
-            else {"state": _CLAIMED, "calling_at": None})
+            {"state": StateText.EFFECTED, "reference": reference} if happened
+            else {"state": StateText.CLAIMED, "calling_at": None})
         stmt = update(t).where(self._key(subject, step), t.c.state == FenceState.IN_DOUBT.value).values(
             epoch=t.c.epoch + 1, owner_job_id=None, owner_token=None, lease_until=None,
             updated_at=db_now(), **values)
