@@ -152,8 +152,9 @@ class SyncRunner:
     ``STARVED_MAX_PERIODS`` periods): slow handlers soon
     get a thread each, while short ones
     are run by a few threads, which take the GIL from each other less often than one per slot would
-    (docs/benchmarks.md, "Third pass: the sync drain"). One thread to start: with the loop's writes made
-    without the GIL, a second one cost more CPU per peer job than it overlapped ("Fifth pass: the sync drain")."""
+    (docs/benchmarks.md, "Third pass: the sync drain"). The worker starts two: a second thread costs CPU per job
+    ("Fifth pass: the sync drain") but overlaps one call's blocking I/O with the next, which drains faster on an
+    idle machine, with one process or two ("Seventh pass: the sync drain")."""
 
     def __init__(self, max_threads: int, name: str = "ringfence-job", *, first_threads: int = 1,
                  grow_after_s: float = 0.005) -> None:

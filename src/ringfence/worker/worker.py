@@ -102,7 +102,7 @@ class Worker:
             watchers.append(FailedJobsObserver(rt, broker))
         watchers += [DeadHooksObserver(app.dead_hooks), UnreadableAlerts(rt.notifier, s.grace_s)]
         observers = Observers(watchers)
-        pool = SyncRunner(self.concurrency)
+        pool = SyncRunner(self.concurrency, first_threads=2)  # two calls' I/O overlap (docs/benchmarks.md)
         acks = Acks(broker, batch=max(1, self.concurrency // 2))  # the processor's refill batch
         fetcher = Fetcher(broker, self.server_id, self.queues, strict=self.strict, lease_s=s.lease_s,
                           idle_s=s.heartbeat_s, max_wait=max_wait, stopping=Stopping())
