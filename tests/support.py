@@ -11,6 +11,7 @@ The fake payment provider is public: :class:`ringfence.testing.FakeProvider`.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import signal
@@ -175,3 +176,17 @@ def on_clock(app: App, clock: SimClock) -> App:
     app.runtime = Runtime(app, broker=Broker(app.declared_redis_url or "", app.namespace, clock=clock,
                                              connection=app.redis_settings, clients=app.redis_clients))
     return app
+
+
+async def drive(worker: Any, done: Callable[[], Any], timeout: float = 15) -> None:
+    """Run ``worker`` (a ``Worker``) until ``done()`` (real time), then stop it and wait for its exit."""
+    runner = asyncio.create_task(worker.run())
+    deadline = time.monotonic() + timeout
+    try:
+        while not done():
+            assert time.monotonic() < deadline, "condition not met in time"
+            assert not runner.done(), runner.result()
+            await asyncio.sleep(0.02)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(runner, 10)

@@ -6,23 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 from ringfence.inspect import find_dead, queue_info
 from ringfence.worker.worker import Worker
-
-
-async def drive(worker: Worker, done: Any, timeout: float = 15) -> None:
-    runner = asyncio.create_task(worker.run())
-    deadline = time.monotonic() + timeout
-    try:
-        while not done():
-            assert time.monotonic() < deadline, "condition not met in time"
-            assert not runner.done(), runner.result()
-            await asyncio.sleep(0.02)
-    finally:
-        worker.request_stop()
-        await asyncio.wait_for(runner, 10)
+from support import drive
 
 
 async def test_plain_sync_jobs_run_without_a_task_and_record_every_outcome(make_app) -> None:

@@ -14,7 +14,7 @@ from ringfence import App, DeadJob, Permanent, RetryLater, RetryPolicy
 from ringfence.cli import main as cli
 from ringfence.inspect import DeadFilter, dead_jobs, find_dead, queue_info
 from ringfence.worker.worker import Worker
-from support import SimClock
+from support import SimClock, drive
 
 
 async def until(done: Callable[[], Any], runner: asyncio.Task[Any], timeout: float = 30) -> None:
@@ -28,16 +28,7 @@ async def until(done: Callable[[], Any], runner: asyncio.Task[Any], timeout: flo
 
 async def run_until(app: App, done: Callable[[], Any], timeout: float = 15, **kw: Any) -> Worker:
     worker = Worker(app, **kw)
-    runner = asyncio.create_task(worker.run())
-    deadline = time.monotonic() + timeout
-    try:
-        while not done():
-            assert time.monotonic() < deadline, "condition not met in time"
-            assert not runner.done(), runner.result()
-            await asyncio.sleep(0.02)
-    finally:
-        worker.request_stop()
-        await asyncio.wait_for(runner, 10)
+    await drive(worker, done, timeout)
     return worker
 
 

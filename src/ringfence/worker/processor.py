@@ -14,6 +14,7 @@ import logging
 
 from ringfence.models import Fetched
 from ringfence.redis.connection import UNAVAILABLE
+from ringfence.tasks import Task
 from ringfence.worker.admit import Admission, Admitted
 from ringfence.worker.calls import SyncRun, SyncRunner
 from ringfence.worker.fetcher import Fetcher
@@ -139,7 +140,7 @@ class Processor:
             verdict = self.runner.outcome(r, a, run)
             if self.observers.hears_ran(a.task) or (not r.settled and not r.lost and verdict.recorded
                                                      and not self.settler.settle_now(r, verdict)):
-                r.task = self._loop.create_task(self._finish(r, a, verdict))
+                r.task = self._loop.create_task(self._execute(r, verdict, a.task))
                 return
         except asyncio.CancelledError:
             pass  # the handler raised it (as its Task would have ended: nothing recorded)
@@ -148,21 +149,13 @@ class Processor:
                                  r.job.id)
         self._done(r)
 
-    async def _finish(self, r: Running, a: Admitted, verdict: Verdict) -> None:
-        try:
-            if self.observers.hears_ran(a.task):
-                await self.observers.ran(r.job, a.task, verdict)
-            if not r.settled and not r.lost and verdict.recorded and not self.settler.settle_now(r, verdict):
-                await self.settler.settle(r, verdict)
-        except Exception:
-            job_log(r).exception("job %s: recording its outcome failed; its lease will expire and it runs again",
-                                 r.job.id)
-        finally:
-            self._done(r)
-
-    async def _execute(self, r: Running, a: Admitted | Verdict | None) -> None:
+    async def _execute(self, r: Running, a: Admitted | Verdict | None, heard_by: Task | None = None) -> None:
+        """Admit, run and settle one job; given a verdict (``_returned``'s), settle it, told first to the observers
+        of ``heard_by``, its task."""
         try:
             verdict = await self._verdict(r, a)
+            if heard_by is not None:
+                await self.observers.ran(r.job, heard_by, verdict)
             if not r.settled and not r.lost and verdict.recorded and not self.settler.settle_now(r, verdict):
                 await self.settler.settle(r, verdict)
         except Exception:
