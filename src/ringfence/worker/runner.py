@@ -1,9 +1,9 @@
 """Run → classify: one admitted job's handler under its time bound, and its verdict (with the result record of
 a task that stores results).
 
-Async handlers run on the event loop (``calls.call_async``); sync handlers on the job threads
-(``Runner._sync``, as ``calls.call_sync``; the sync thread rule in docs/architecture.md). A job whose previous run
-in this process lost its lease but still holds a thread waits for that thread: never two runs of one job at once."""
+Async handlers run on the event loop (``calls.call_async``); sync handlers on the job threads (``Runner.start_sync``,
+or ``calls.call_sync`` for a gated job; the sync thread rule in docs/architecture.md). A job whose previous run in
+this process lost its lease but still holds a thread waits for that thread: never two runs of one job at once."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ringfence import results
 from ringfence.errors import PayloadError
 from ringfence.tasks import JobContext, Task
 from ringfence.worker.admit import Admitted
-from ringfence.worker.calls import AsyncBounds, JobTimeout, SyncRun, SyncRunner, call_async
+from ringfence.worker.calls import AsyncBounds, JobTimeout, SyncRun, SyncRunner, call_async, call_sync
 from ringfence.worker.observers import Observers
 from ringfence.worker.outcomes import Outcome, Verdict, classify
 from ringfence.worker.running import Running
@@ -118,23 +118,17 @@ class Runner:
 
     async def _sync(self, r: Running, task: Task, ctx: JobContext, args: tuple[Any, ...], kwargs: dict[str, Any],
                     timeout_s: float) -> Any:
-        """``calls.call_sync`` inline (one coroutine frame fewer to resume when the thread's outcome comes)."""
+        """A sync handler ``start_sync`` did not take (a gated job, or one whose earlier run holds a thread)."""
         earlier = self.leftover.get(ctx.id) if self.leftover else None
         if earlier is not None and earlier.thread is not None:
             # This job's previous run (its lease lost) still runs in this process: never two at once.
             await self.pool.wait_returned(earlier.thread)
-        run = r.thread = self.pool.submit(task.fn, (ctx, *args), kwargs, timeout_s, ctx, task.name,
-                                          self.on_restart_required)
-        assert run.future is not None
-        try:
-            value = await run.future  # the handler's own return or error
-        except asyncio.CancelledError:
-            raise
-        except BaseException:
-            run.check_overrun(timeout_s)
-            raise
-        run.check_overrun(timeout_s)
-        return value
+
+        def on_thread(run: SyncRun) -> None:
+            r.thread = run
+
+        return await call_sync(self.pool, task, ctx, args, kwargs, timeout_s, on_thread=on_thread,
+                               on_overrun=self.on_restart_required)
 
     def _failed(self, task: Task, ctx: JobContext, exc: BaseException, tb: str) -> Verdict:
         self.observers.raised(exc)
