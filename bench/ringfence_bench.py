@@ -96,6 +96,7 @@ class Sizes:
     memory: int = 100_000         # jobs whose memory is measured
     backlog: int = 1_000_000      # pending jobs of the backlog figure
     concurrency: int = 10         # --concurrency of every worker (the CLI default)
+    threads: int | None = None    # --threads of every worker (None: the CLI default)
     fence: int = 5_000            # jobs per drain of the fence figure (fenced, and plain for comparison)
     fence_reps: int = 3           # interleaved plain/fenced drain pairs per fence figure; medians reported
     fence_alone: int = 300        # fenced jobs run one after another in-process (latency of one job)
@@ -193,7 +194,8 @@ class Bench:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "ringfence.cli", "--log-level", "WARNING", "worker",
                      "--app", "bench.ringfence_bench:app", "--queues", queue,
-                     "--concurrency", str(self.sizes.concurrency)],
+                     "--concurrency", str(self.sizes.concurrency),
+                     *(["--threads", str(self.sizes.threads)] if self.sizes.threads else [])],
                     env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
         try:
             yield procs
@@ -425,7 +427,8 @@ def verdicts(results: dict[str, Any], skipped: set[str]) -> list[dict[str, str]]
 
 def report(meta: dict[str, Any], results: dict[str, Any], targets: list[dict[str, str]]) -> str:
     lines = [f"ringfence bench ({meta['mode']}): redis-server {meta['redis']}, {meta['cores']} cores, "
-             f"Python {meta['python']}, worker --concurrency {meta['concurrency']}", ""]
+             f"Python {meta['python']}, worker --concurrency {meta['concurrency']}"
+             + (f" --threads {meta['threads']}" if meta.get("threads") else ""), ""]
     rows = [(label, fmt.format(results[key])) for key, label, fmt in ROWS if key in results]
     width = max((len(label) for label, _ in rows), default=0)
     lines += [f"  {label:<{width}} {value}" for label, value in rows]
@@ -455,11 +458,12 @@ def main(argv: list[str] | None = None) -> int:
                          "(default $RINGFENCE_BENCH_FENCE_URL or %(default)s)")
     ap.add_argument("--fence-jobs", type=int, help="jobs per drain of the fence figure (default 5,000)")
     ap.add_argument("--concurrency", type=int, help="worker --concurrency (default 10)")
+    ap.add_argument("--threads", type=int, help="worker --threads (default: the CLI's)")
     ap.add_argument("--reps", type=int, help="drain runs per figure (median reported)")
     ap.add_argument("--backlog", type=int, help="pending jobs of the backlog figure (default 1,000,000)")
     args = ap.parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
-    overrides = {k: v for k, v in (("concurrency", args.concurrency), ("reps", args.reps),
+    overrides = {k: v for k, v in (("concurrency", args.concurrency), ("threads", args.threads), ("reps", args.reps),
                                    ("backlog", args.backlog), ("fence", args.fence_jobs)) if v is not None}
     sizes = replace(sizes, **overrides)
     if args.only:

@@ -216,3 +216,28 @@ def test_info_and_servers_json(redis_url, namespace, spawn_worker) -> None:
     table = subprocess.run([sys.executable, "-m", "ringfence.cli", "info"], env=env, capture_output=True,
                            timeout=30, check=True, text=True)
     assert "default" in table.stdout and "pending" in table.stdout
+
+
+def test_threads_start_that_many_job_threads_for_short_blocking_calls(redis_url, namespace, rdb, spawn_worker) -> None:
+    """``--threads 4``: four job threads from the first calls on. Calls of 2 ms never wait the 5 ms with every thread
+    busy that starts one more, so the default two would run them all (docs/benchmarks.md, "Job threads for I/O-bound
+    sync handlers")."""
+    app, mod = producer(redis_url, namespace)
+    app.enqueue_many(mod.blocks, [{"seconds": 0.002}] * 80)
+    spawn_worker("--threads", "4", "--concurrency", "8")
+    wait_until(lambda: rdb.llen(f"{namespace}:test:runs") == 80)
+    names = {n.decode() for n in rdb.smembers(f"{namespace}:test:threads")}
+    assert len(names) >= 4, names
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--threads", "0"], "--threads 0 must be between 1 and --concurrency (10)"),
+    (["--threads", "11"], "--threads 11 must be between 1 and --concurrency (10)"),
+    (["-c", "3", "-t", "4", "-p", "2"], "--threads 4 must be between 1 and --concurrency (3)"),  # before forking
+])
+def test_threads_out_of_range_is_refused(redis_url, namespace, rdb, spawn_worker, args: list[str], said: str) -> None:
+    w = spawn_worker(*args)
+    assert w.wait(20) == 2
+    out = w.output()
+    assert said in out and "one job thread per slot at most" in out, out
+    assert not rdb.keys(f"{namespace}:servers*"), "a worker started"

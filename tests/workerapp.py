@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 
 import redis
@@ -44,6 +45,14 @@ def slow_sync(ctx, seconds: float) -> None:
     log("started", ctx.id, ctx.attempt, time.time())
     time.sleep(seconds)
     log("finished", ctx.id, ctx.attempt, time.time())
+
+
+@app.task
+def blocks(ctx, seconds: float) -> None:
+    """A short blocking call (as a database statement would be), noting which job thread ran it."""
+    time.sleep(seconds)
+    r.sadd(f"{ns}:test:threads", threading.current_thread().name)
+    log("runs", ctx.id)
 
 
 @app.task(timeout_s=0.5)

@@ -9,6 +9,7 @@ import click
 from ringfence.app import App
 from ringfence.cli.base import app_option, main
 from ringfence.errors import ConfigError
+from ringfence.worker.worker import DEFAULT_THREADS, check_threads
 
 
 @main.command()
@@ -18,6 +19,10 @@ from ringfence.errors import ConfigError
                    "declare, weight 1 each)")
 @click.option("--concurrency", "-c", default=10, show_default=True, help="jobs run at once per process")
 @click.option("--processes", "-p", default=1, show_default=True, help="worker processes under one supervisor")
+@click.option("--threads", "-t", default=DEFAULT_THREADS, show_default=True,
+              help="job threads started for sync (def) handlers; one more starts once a call has waited 5 ms with "
+                   "all of them busy, up to --concurrency. Raise it for handlers that block a millisecond or two on "
+                   "I/O (a database, an HTTP call)")
 @click.option("--strict", is_flag=True, help="serve queues in the order given instead of by weight")
 @click.option("--max-wait", default=None, help="starvation bounds, queue=seconds,...: served first once exceeded")
 @click.option("--scheduler", is_flag=True, help="also run the cron scheduler of the app's periodic tasks")
@@ -26,14 +31,15 @@ from ringfence.errors import ConfigError
               help="address /metrics binds (0.0.0.0: every interface, e.g. for a scraper on another host)")
 @click.option("--alerts/--no-alerts", default=True, show_default=True,
               help="evaluate alert rules (one worker at a time holds the evaluator lease)")
-def worker(app: App, queues: str | None, concurrency: int, processes: int, strict: bool, max_wait: str | None,
-           scheduler: bool, metrics_port: int | None, metrics_host: str, alerts: bool) -> None:
+def worker(app: App, queues: str | None, concurrency: int, processes: int, threads: int, strict: bool,
+           max_wait: str | None, scheduler: bool, metrics_port: int | None, metrics_host: str, alerts: bool) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal exits at once)."""
     from ringfence.worker.supervisor import supervise
     from ringfence.worker.worker import parse_max_wait, parse_queues, run_worker
 
     if processes < 1:
         raise ConfigError(f"--processes {processes} must be >= 1")
+    check_threads(threads, concurrency)  # said once, before any child starts
     parsed = parse_queues(queues) if queues else None
     if processes > 1:
         app.check()  # refuse a bad configuration before starting anything
@@ -41,7 +47,7 @@ def worker(app: App, queues: str | None, concurrency: int, processes: int, stric
         sys.exit(supervise([child_command(ctx, slot) for slot in range(processes)]))
     sys.exit(run_worker(app, parsed, concurrency=concurrency, strict=strict,
                         max_wait=parse_max_wait(max_wait) if max_wait else None, scheduler=scheduler,
-                        metrics_port=metrics_port, alerts=alerts, metrics_host=metrics_host))
+                        metrics_port=metrics_port, alerts=alerts, metrics_host=metrics_host, threads=threads))
 
 
 def child_command(ctx: click.Context, slot: int) -> list[str]:

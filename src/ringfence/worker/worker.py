@@ -39,6 +39,16 @@ from ringfence.worker.settle import Settler
 from ringfence.worker.supervisor import notify_supervisor
 
 log = logging.getLogger("ringfence.worker")
+# Job threads started for sync handlers (``--threads``): two calls' I/O overlap; more start once a call has waited
+# 5 ms with every thread busy (calls.py). Raise it for handlers that block a millisecond or two on I/O
+# (docs/benchmarks.md, "Job threads for I/O-bound sync handlers").
+DEFAULT_THREADS = 2
+
+
+def check_threads(threads: int, concurrency: int) -> None:
+    if not 1 <= threads <= concurrency:
+        raise ConfigError(f"--threads {threads} must be between 1 and --concurrency ({concurrency}): "
+                          "one job thread per slot at most")
 
 EXIT_RESTART = 75  # a sync job outlived its timeout: the process must be replaced
 
@@ -67,9 +77,12 @@ class Worker:
     def __init__(self, app: App, queues: list[tuple[str, int]] | None = None, *, concurrency: int = 10,
                  strict: bool = False, settings: WorkerSettings | None = None,
                  max_wait: dict[str, float] | None = None, scheduler: bool = False,
-                 metrics_port: int | None = None, alerts: bool = True, metrics_host: str = "127.0.0.1") -> None:
+                 metrics_port: int | None = None, alerts: bool = True, metrics_host: str = "127.0.0.1",
+                 threads: int = DEFAULT_THREADS) -> None:
         if concurrency < 1:
             raise ConfigError(f"--concurrency {concurrency} must be >= 1")
+        check_threads(threads, concurrency)
+        self.threads = threads
         self.app = app
         self.settings = settings or app.worker_settings
         app.check(self.settings)
@@ -102,7 +115,7 @@ class Worker:
             watchers.append(FailedJobsObserver(rt, broker))
         watchers += [DeadHooksObserver(app.dead_hooks), UnreadableAlerts(rt.notifier, s.grace_s)]
         observers = Observers(watchers)
-        pool = SyncRunner(self.concurrency, first_threads=2)  # two calls' I/O overlap (docs/benchmarks.md)
+        pool = SyncRunner(self.concurrency, first_threads=self.threads)
         acks = Acks(broker, batch=max(1, self.concurrency // 2))  # the processor's refill batch
         fetcher = Fetcher(broker, self.server_id, self.queues, strict=self.strict, lease_s=s.lease_s,
                           idle_s=s.heartbeat_s, max_wait=max_wait, stopping=Stopping())
@@ -292,9 +305,10 @@ def _ignore_stop_signals() -> None:
 
 def run_worker(app: App, queues: list[tuple[str, int]] | None = None, *, concurrency: int = 10,
                strict: bool = False, max_wait: dict[str, float] | None = None, scheduler: bool = False,
-               metrics_port: int | None = None, alerts: bool = True, metrics_host: str = "127.0.0.1") -> int:
+               metrics_port: int | None = None, alerts: bool = True, metrics_host: str = "127.0.0.1",
+               threads: int = DEFAULT_THREADS) -> int:
     worker = Worker(app, queues, concurrency=concurrency, strict=strict, max_wait=max_wait, scheduler=scheduler,
-                    metrics_port=metrics_port, alerts=alerts, metrics_host=metrics_host)
+                    metrics_port=metrics_port, alerts=alerts, metrics_host=metrics_host, threads=threads)
     code = run_loop(worker.run())
     # The loop gave the signals back to their defaults: a second signal during the rest of the exit (threads,
     # interpreter teardown, slow under load) must still mean "exit at once" with its code, not death by signal.
