@@ -3,7 +3,9 @@
 after the other, against a private redis-server on a loopback port. Per call: wall time, CPU of the producer
 (``time.process_time``) and Redis's own time for the script (``INFO commandstats``, ``usec_per_call`` of
 ``evalsha``). ``--src DIR`` runs another checkout's ``src``; several alternate, round after round
-(docs/benchmarks.md, "Fourth pass: the enqueue call")::
+(docs/benchmarks.md, "Fourth pass: the enqueue call"). ``--floor`` adds, each round, a PING round trip on a plain
+socket to the same server: what any one blocking call costs from Python here ("The single enqueue at one round
+trip's floor")::
 
     mkdir -p /tmp/before && git archive <commit> src | tar -x -C /tmp/before
     python -m bench.enqueue_cpu --calls 20000 --rounds 4 --src /tmp/before/src --src src
@@ -41,12 +43,29 @@ print(json.dumps({"rate": n / w, "wall_us": w / n * 1e6, "cpu_us": c / n * 1e6})
 app.close()
 """
 
+# The floor of one blocking round trip from Python: PING over a plain socket (no client library, no parsing).
+FLOOR = """
+import json, socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+n = int(sys.argv[2])
+for _ in range(200):
+    s.sendall(b"*1\\r\\n$4\\r\\nPING\\r\\n"); s.recv(64)
+w0, c0 = time.perf_counter(), time.process_time()
+for _ in range(n):
+    s.sendall(b"*1\\r\\n$4\\r\\nPING\\r\\n"); s.recv(64)
+w, c = time.perf_counter() - w0, time.process_time() - c0
+print(json.dumps({"rate": n / w, "wall_us": w / n * 1e6, "cpu_us": c / n * 1e6}))
+"""
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--src", action="append", help="a checkout's src directory (default: this one's)")
+    parser.add_argument("--floor", action="store_true",
+                        help="also time a PING round trip on a plain socket each round: one blocking call's floor")
     args = parser.parse_args()
     srcs = args.src or [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")]
     server = EmbeddedRedis.temporary(port=free_port())
@@ -64,6 +83,12 @@ def main() -> None:
                 script_us = admin.info("commandstats").get("cmdstat_evalsha", {}).get("usec_per_call", 0.0)
                 print(f"  {src}: {got['rate']:,.0f} enqueues/s, {got['wall_us']:.1f} µs wall, "
                       f"{got['cpu_us']:.1f} µs CPU per call; Redis {script_us:.2f} µs per script call")
+            if args.floor:
+                out = subprocess.run([sys.executable, "-c", FLOOR, str(server.port), str(args.calls)], check=True,
+                                     capture_output=True, text=True)
+                got = json.loads(out.stdout)
+                print(f"  floor (PING on a plain socket): {got['rate']:,.0f} round trips/s, {got['wall_us']:.1f} µs "
+                      f"wall, {got['cpu_us']:.1f} µs CPU per call")
     finally:
         admin.close()
         server.stop()
