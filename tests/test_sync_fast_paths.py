@@ -135,3 +135,37 @@ def test_the_run_queue_wait_is_read_and_grows() -> None:
     before = SyncRunner.queued_s()
     assert before >= 0.0
     assert SyncRunner.queued_s() >= before
+
+
+async def _feed(runner: SyncRunner, call: Any, seconds: float, calls: int) -> None:
+    """Keep ``calls`` calls queued or running (a worker's slots) for ``seconds``."""
+    pending: set[Any] = set()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        while len(pending) < calls:
+            pending.add(runner.submit(call, (), {}).future)
+        _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.gather(*pending)
+
+
+def _io_call() -> None:
+    time.sleep(0.001)  # a database statement: the thread sleeps, the GIL is free
+
+
+async def test_short_calls_that_sleep_on_io_get_more_threads() -> None:
+    """1 ms calls never leave every thread busy for a whole period, but the process sleeps: threads are added."""
+    runner = SyncRunner(8, first_threads=2, grow_after_s=0.005)
+    runner.queued_s = lambda: 0.0  # type: ignore[method-assign]  # never starved: the CPU share decides
+    await _feed(runner, _io_call, 0.5, 8)
+    assert len(runner._threads) >= 4
+    runner.close()
+
+
+async def test_short_calls_of_a_process_busy_on_one_cpu_keep_their_threads() -> None:
+    """The same calls while the process uses a whole CPU (the GIL is what they wait for): no thread is added."""
+    runner = SyncRunner(8, first_threads=2, grow_after_s=0.005)
+    runner.queued_s = lambda: 0.0  # type: ignore[method-assign]
+    runner.cpu_s = time.monotonic  # type: ignore[method-assign]  # one CPU second per second
+    await _feed(runner, _io_call, 0.5, 8)
+    assert len(runner._threads) == 2
+    runner.close()

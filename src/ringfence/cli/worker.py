@@ -19,10 +19,10 @@ from ringfence.worker.worker import DEFAULT_THREADS, check_threads
                    "declare, weight 1 each)")
 @click.option("--concurrency", "-c", default=10, show_default=True, help="jobs run at once per process")
 @click.option("--processes", "-p", default=1, show_default=True, help="worker processes under one supervisor")
-@click.option("--threads", "-t", default=DEFAULT_THREADS, show_default=True,
-              help="job threads started for sync (def) handlers; one more starts once a call has waited 5 ms with "
-                   "all of them busy, up to --concurrency. Raise it for handlers that block a millisecond or two on "
-                   "I/O (a database, an HTTP call)")
+@click.option("--threads", "-t", type=int, default=None,
+              help=f"job threads to start with for sync (def) handlers (default {DEFAULT_THREADS}, at most "
+                   "--concurrency); more start, up to --concurrency, while calls wait and the threads are held by slow "
+                   "calls or sleep on I/O")
 @click.option("--strict", is_flag=True, help="serve queues in the order given instead of by weight")
 @click.option("--max-wait", default=None, help="starvation bounds, queue=seconds,...: served first once exceeded")
 @click.option("--scheduler", is_flag=True, help="also run the cron scheduler of the app's periodic tasks")
@@ -31,7 +31,7 @@ from ringfence.worker.worker import DEFAULT_THREADS, check_threads
               help="address /metrics binds (0.0.0.0: every interface, e.g. for a scraper on another host)")
 @click.option("--alerts/--no-alerts", default=True, show_default=True,
               help="evaluate alert rules (one worker at a time holds the evaluator lease)")
-def worker(app: App, queues: str | None, concurrency: int, processes: int, threads: int, strict: bool,
+def worker(app: App, queues: str | None, concurrency: int, processes: int, threads: int | None, strict: bool,
            max_wait: str | None, scheduler: bool, metrics_port: int | None, metrics_host: str, alerts: bool) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal exits at once)."""
     from ringfence.worker.supervisor import supervise

@@ -28,6 +28,12 @@ STARVED = 0.25
 # ...but a call never waits longer than this many grower periods for a thread because of it: on a machine busy
 # for good, a slow call must not hold every other job of the process back.
 STARVED_MAX_PERIODS = 20
+# Short calls that block on I/O (a database statement of a millisecond) never leave every thread busy for a whole
+# period, yet more threads would run more of them at once. One more thread when a call has waited ``IO_WAIT`` of
+# a period while the process used less than ``IO_BOUND`` of one CPU since the grower's last look: its threads
+# sleep on something other than the GIL (which one process cannot use past one CPU).
+IO_WAIT = 0.2
+IO_BOUND = 0.6
 
 
 class JobTimeout(Exception):
@@ -148,9 +154,10 @@ class SyncRunner:
 
     It starts ``first_threads`` threads and adds one, up to ``max_threads`` (one per slot), whenever a call has
     waited ``grow_after_s`` while no thread took any (the first time twice that: the run-queue time is read at
-    the first look), unless the process's threads waited for a CPU meanwhile (``queued_s``; never longer than
-    ``STARVED_MAX_PERIODS`` periods): slow handlers soon
-    get a thread each, while short ones
+    the first look), or has waited ``IO_WAIT`` of that while the process used less than ``IO_BOUND`` of a CPU
+    (its threads sleep on I/O), unless the process's threads waited for a CPU meanwhile (``queued_s``; never
+    longer than ``STARVED_MAX_PERIODS`` periods): slow handlers and handlers that wait on a database soon
+    get a thread each, while short ones that keep the process busy
     are run by a few threads, which take the GIL from each other less often than one per slot would
     (docs/benchmarks.md, "Third pass: the sync drain"). The worker starts two: a second thread costs CPU per job
     ("Fifth pass: the sync drain") but overlaps one call's blocking I/O with the next, which drains faster on an
@@ -178,6 +185,7 @@ class SyncRunner:
         # The process's threads' run-queue wait (s) when the grower last found a call waiting with no thread free
         # (None: not yet in this wait); one more thread only if it grew by less than ``STARVED`` of a period since.
         self._queued_since: float | None = None
+        self._cpu_since: tuple[float, float] | None = None  # (time.monotonic(), process CPU s) at the last look
         # A thread that finishes a call while others wait in the queue does not wake the loop (unless
         # ``wake_batch`` are done): it runs the next one, and the loop hears of both when the queue runs dry or
         # ``_poll`` looks, within ``poll_s``. One loop wake-up for several jobs: the loop and the job threads take
@@ -207,7 +215,7 @@ class SyncRunner:
             else:
                 self._waiting.append(run)
                 if self._grower is None:
-                    self._queued_since = None  # read once a call has waited (not per arming: 20 µs)
+                    self._queued_since = self._cpu_since = None  # read once a call has waited (not per arming)
                     self._grower = loop.call_later(self.grow_after_s, self._grow)
         if timeout_s:
             self._arm(now + timeout_s)  # its earliest deadline: it has not started yet
@@ -228,16 +236,33 @@ class SyncRunner:
         if not waiting or len(self._threads) >= self.max_threads:
             waiting.clear()
             return
-        now = time.monotonic()
-        if now - waiting[0].submitted >= self.grow_after_s and now - self._last_start >= self.grow_after_s:
+        now, period = time.monotonic(), self.grow_after_s
+        waited = now - waiting[0].submitted
+        if waited >= period * IO_WAIT and self._grows(now, waited):
             queued = self.queued_s()
             since, self._queued_since = self._queued_since, queued
-            held = now - waiting[0].submitted >= self.grow_after_s * STARVED_MAX_PERIODS
-            if held or (since is not None and queued - since < self.grow_after_s * STARVED):
-                self._start_thread()  # every thread is held by a slow call
+            held = waited >= period * STARVED_MAX_PERIODS
+            if held or (since is not None and queued - since < period * STARVED):
+                self._start_thread()
                 waiting.popleft()
         if waiting and self._loop is not None:
             self._grower = self._loop.call_later(self.grow_after_s, self._grow)
+
+    def _grows(self, now: float, waited: float) -> bool:
+        """Would one more thread run a waiting call sooner? Yes when every thread is held by a slow call (none took
+        a call for a period while one waited that long), or when the threads sleep on I/O: the process used less
+        than ``IO_BOUND`` of a CPU since the last look."""
+        period = self.grow_after_s
+        if waited >= period and now - self._last_start >= period:
+            return True
+        cpu = self.cpu_s()
+        last, self._cpu_since = self._cpu_since, (now, cpu)
+        return last is not None and cpu - last[1] < IO_BOUND * (now - last[0])
+
+    @staticmethod
+    def cpu_s() -> float:
+        """CPU seconds of this process, every thread counted."""
+        return time.process_time()
 
     @staticmethod
     def queued_s() -> float:

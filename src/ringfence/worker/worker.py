@@ -39,16 +39,21 @@ from ringfence.worker.settle import Settler
 from ringfence.worker.supervisor import notify_supervisor
 
 log = logging.getLogger("ringfence.worker")
-# Job threads started for sync handlers (``--threads``): two calls' I/O overlap; more start once a call has waited
-# 5 ms with every thread busy (calls.py). Raise it for handlers that block a millisecond or two on I/O
-# (docs/benchmarks.md, "Job threads for I/O-bound sync handlers").
+# Job threads to start with for sync handlers (``--threads``): two calls' I/O overlap; more start while calls wait
+# and the threads are held by slow calls or sleep on I/O (calls.py, SyncRunner._grows).
 DEFAULT_THREADS = 2
 
 
-def check_threads(threads: int, concurrency: int) -> None:
+def check_threads(threads: int | None, concurrency: int) -> int:
+    """The job threads to start with: ``threads`` when given (1 to ``concurrency``), else the default (one per slot
+    at most)."""
+    if threads is None:
+        return min(DEFAULT_THREADS, concurrency)
     if not 1 <= threads <= concurrency:
         raise ConfigError(f"--threads {threads} must be between 1 and --concurrency ({concurrency}): "
                           "one job thread per slot at most")
+    return threads
+
 
 EXIT_RESTART = 75  # a sync job outlived its timeout: the process must be replaced
 
@@ -78,11 +83,10 @@ class Worker:
                  strict: bool = False, settings: WorkerSettings | None = None,
                  max_wait: dict[str, float] | None = None, scheduler: bool = False,
                  metrics_port: int | None = None, alerts: bool = True, metrics_host: str = "127.0.0.1",
-                 threads: int = DEFAULT_THREADS) -> None:
+                 threads: int | None = None) -> None:
         if concurrency < 1:
             raise ConfigError(f"--concurrency {concurrency} must be >= 1")
-        check_threads(threads, concurrency)
-        self.threads = threads
+        self.threads = check_threads(threads, concurrency)
         self.app = app
         self.settings = settings or app.worker_settings
         app.check(self.settings)
@@ -306,7 +310,7 @@ def _ignore_stop_signals() -> None:
 def run_worker(app: App, queues: list[tuple[str, int]] | None = None, *, concurrency: int = 10,
                strict: bool = False, max_wait: dict[str, float] | None = None, scheduler: bool = False,
                metrics_port: int | None = None, alerts: bool = True, metrics_host: str = "127.0.0.1",
-               threads: int = DEFAULT_THREADS) -> int:
+               threads: int | None = None) -> int:
     worker = Worker(app, queues, concurrency=concurrency, strict=strict, max_wait=max_wait, scheduler=scheduler,
                     metrics_port=metrics_port, alerts=alerts, metrics_host=metrics_host, threads=threads)
     code = run_loop(worker.run())
