@@ -48,9 +48,11 @@ def slow_sync(ctx, seconds: float) -> None:
 
 
 @app.task
-def blocks(ctx, seconds: float) -> None:
-    """A short blocking call (as a database statement would be), noting which job thread ran it."""
-    time.sleep(seconds)
+def spins(ctx, seconds: float) -> None:
+    """A short call that keeps its CPU (and the GIL) busy, noting which job thread ran it."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
     r.sadd(f"{ns}:test:threads", threading.current_thread().name)
     log("runs", ctx.id)
 
