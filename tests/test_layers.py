@@ -187,6 +187,16 @@ def test_importing_the_worker_does_not_load_the_doctor() -> None:
     assert out.strip() == "[]"
 
 
+def test_the_cli_loads_the_worker_only_for_the_worker_command() -> None:
+    """Every command imports ``ringfence.cli``: the worker's pipeline is imported inside ``ringfence worker`` only."""
+    import subprocess
+    import sys
+
+    code = "import sys, ringfence.cli; print(sorted(m for m in sys.modules if m.startswith('ringfence.worker')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_public_api_is_curated() -> None:
     assert sorted(ringfence.__all__) == sorted(n for n in dir(ringfence) if not n.startswith("_")
                                                and n not in {"annotations"} and not _is_module(n))

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from ringfence.errors import ConfigError
 
 MAX_ATTEMPTS_LIMIT = 100
+# Job threads a worker starts with for sync handlers (``--threads``): two calls' I/O overlap; more start while calls
+# wait and the threads are held by slow calls or sleep on I/O (worker/calls.py, SyncRunner._grows).
+DEFAULT_THREADS = 2
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 
@@ -167,3 +170,14 @@ def check_name(kind: str, value: str) -> str:
 def env_default(name: str, default: str | None = None) -> str | None:
     value = os.environ.get(name)
     return value if value else default
+
+
+def check_threads(threads: int | None, concurrency: int) -> int:
+    """The job threads a worker starts with: ``threads`` when given (1 to ``concurrency``), else the default (one
+    per slot at most)."""
+    if threads is None:
+        return min(DEFAULT_THREADS, concurrency)
+    if not 1 <= threads <= concurrency:
+        raise ConfigError(f"--threads {threads} must be between 1 and --concurrency ({concurrency}): "
+                          "one job thread per slot at most")
+    return threads

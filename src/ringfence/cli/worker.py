@@ -9,7 +9,7 @@ import click
 from ringfence.app import App
 from ringfence.cli.base import app_option, main
 from ringfence.errors import ConfigError
-from ringfence.worker.worker import DEFAULT_THREADS, check_threads
+from ringfence.settings import DEFAULT_THREADS, check_threads
 
 
 @main.command()

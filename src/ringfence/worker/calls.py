@@ -251,7 +251,7 @@ class SyncRunner:
     def _grows(self, now: float, waited: float) -> bool:
         """Would one more thread run a waiting call sooner? Yes when every thread is held by a slow call (none took
         a call for a period while one waited that long), or when the threads sleep on I/O: the process used less
-        than ``IO_BOUND`` of a CPU since the last look."""
+        than ``IO_BOUND`` of a CPU since the last look (this look's CPU reading is kept for the next one)."""
         period = self.grow_after_s
         if waited >= period and now - self._last_start >= period:
             return True

@@ -17,7 +17,7 @@ from ringfence.metrics import Metrics
 from ringfence.models import new_job_id
 from ringfence.redis.connect import login_refused, still_loading
 from ringfence.redis.connection import UNAVAILABLE, redact
-from ringfence.settings import WorkerSettings, check_name
+from ringfence.settings import WorkerSettings, check_name, check_threads
 from ringfence.worker.acks import Acks
 from ringfence.worker.admit import Admission
 from ringfence.worker.calls import SyncRunner
@@ -39,21 +39,6 @@ from ringfence.worker.settle import Settler
 from ringfence.worker.supervisor import notify_supervisor
 
 log = logging.getLogger("ringfence.worker")
-# Job threads to start with for sync handlers (``--threads``): two calls' I/O overlap; more start while calls wait
-# and the threads are held by slow calls or sleep on I/O (calls.py, SyncRunner._grows).
-DEFAULT_THREADS = 2
-
-
-def check_threads(threads: int | None, concurrency: int) -> int:
-    """The job threads to start with: ``threads`` when given (1 to ``concurrency``), else the default (one per slot
-    at most)."""
-    if threads is None:
-        return min(DEFAULT_THREADS, concurrency)
-    if not 1 <= threads <= concurrency:
-        raise ConfigError(f"--threads {threads} must be between 1 and --concurrency ({concurrency}): "
-                          "one job thread per slot at most")
-    return threads
-
 
 EXIT_RESTART = 75  # a sync job outlived its timeout: the process must be replaced
 
