@@ -89,10 +89,17 @@ def _pg_capture(t: Table, *, calling: bool) -> TextClause:
     ``fresh`` is 1 when this statement inserted the row (its columns then read NULL: the statement's
     snapshot predates its own insert; the caller knows what it wrote). When neither branch yields a row
     (another run inserted the key after this statement's snapshot was taken), the caller tries again.
+
+    A claim's commit does not wait for its WAL to reach the disk (``synchronous_commit`` off for this
+    statement's transaction alone): it is visible to every other run at once, and it is on disk before any
+    effect starts, because the ``calling`` commit, which waits, flushes the WAL up to itself, the claim
+    included. A database crash in between may lose the claim: no effect has started, the run's next write
+    finds no row and fails, and a rerun captures anew. A step captured ``calling`` commits durably.
     """
     cols = ", ".join(f"f.{c.name}" for c in t.c)
     state, extra_cols, extra_vals = ("'calling'", ", request, calling_at", ", :v_request, now()") if calling else (
         "'claimed'", "", "")
+    one = "SELECT 1" if calling else "SELECT set_config('synchronous_commit', 'off', true)"
     sql = (
         f"WITH ins AS (INSERT INTO {t.name} (subject, step, state, epoch, owner_job_id, owner_token, lease_until, "
         f"params_hash, provider_key, retention_s, created_at, updated_at{extra_cols}) VALUES (:v_subject, :v_step, "
@@ -102,7 +109,7 @@ def _pg_capture(t: Table, *, calling: bool) -> TextClause:
         "ON CONFLICT (subject, step) DO NOTHING RETURNING id) "
         f"SELECT (SELECT count(*) FROM ins) AS fresh, {cols}, "
         "CASE WHEN f.lease_until > now() THEN 1 ELSE 0 END AS lease_live "
-        f"FROM (SELECT 1) AS one LEFT JOIN {t.name} AS f ON f.subject = :v_subject AND f.step = :v_step")
+        f"FROM ({one}) AS one LEFT JOIN {t.name} AS f ON f.subject = :v_subject AND f.step = :v_step")
     return text(sql)
 
 
