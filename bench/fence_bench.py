@@ -518,7 +518,8 @@ def cpu_per_job(base_url: str, jobs: int, kinds: list[str]) -> dict[str, float]:
     """ms of process CPU (``time.process_time``, threads included) per fenced job of each kind (sync, async,
     sync_dedup, async_dedup), ``jobs`` run one after another in-process with the worker's fence wiring
     (``ringfence.testing.TestFencing``) after 20 warm-up jobs, on a private database of ``base_url``'s server;
-    ``<kind>_db``: the CPU of that database's server processes (PostgreSQL backends on this machine) per job."""
+    ``<kind>_db``: the CPU of that database's server processes (PostgreSQL backends on this machine) per job;
+    ``<kind>_wall``: the median wall ms of one job (its four commits in a row)."""
     from bench.ringfence_bench import build_app
     from ringfence.fence import FenceStore
     from ringfence.testing import TestFencing
@@ -540,8 +541,9 @@ def cpu_per_job(base_url: str, jobs: int, kinds: list[str]) -> dict[str, float]:
                 _run_jobs(task, fencing, f"{run}-{kind}", range(-20, 0))
                 pids = _backends(url)
                 db0, t0 = proc_cpu_s(pids), time.process_time()
-                _run_jobs(task, fencing, f"{run}-{kind}", range(jobs))
+                walls = _run_jobs(task, fencing, f"{run}-{kind}", range(jobs))
                 out[kind] = (time.process_time() - t0) * 1000 / jobs
+                out[f"{kind}_wall"] = statistics.median(walls)
                 out[f"{kind}_db"] = (proc_cpu_s(pids) - db0) * 1000 / jobs if pids else float("nan")
         finally:
             app.fence_store.engine.dispose()
@@ -570,4 +572,5 @@ if __name__ == "__main__":  # python -m bench.fence_bench URL [JOBS] [KINDS]
     kinds = (args[2] if len(args) > 2 else "sync,async,sync_dedup,async_dedup").split(",")
     cpu = cpu_per_job(args[0], int(args[1]) if len(args) > 1 else 500, kinds)
     db = {k: "" if math.isnan(cpu[k + "_db"]) else f" (PostgreSQL backends {cpu[k + '_db']:.3f})" for k in kinds}
-    print(f"load {os.getloadavg()[0]:.2f}; " + "; ".join(f"{k}: {cpu[k]:.3f} ms CPU/job{db[k]}" for k in kinds))
+    print(f"load {os.getloadavg()[0]:.2f}; " + "; ".join(
+        f"{k}: {cpu[k]:.3f} ms CPU/job{db[k]}, median {cpu[k + '_wall']:.3f} ms wall/job" for k in kinds))
