@@ -58,7 +58,8 @@ class PrivatePostgres:
         self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
 
     def stop(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+        if (self.data / "postmaster.pid").exists():  # not when a failed test left it crashed
+            self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
 
 
 @pytest.fixture(scope="module")
