@@ -32,18 +32,18 @@ ARGS: list[bytes | None] = [b"1"]
 WARM = 200
 
 
-def _conninfo(url: str) -> str:
+def _connect_args(url: str) -> tuple[Any, Any]:
+    """psycopg's connect arguments as SQLAlchemy reads them from ``url`` (as the fence's async store does)."""
     u = make_url(url)
-    given = {"host": u.host, "port": u.port, "dbname": u.database, "user": u.username}
-    return psycopg.conninfo.make_conninfo("", **{k: v for k, v in given.items() if v is not None})
+    return u.get_dialect()().create_connect_args(u)
 
 
 def _per_call(calls: int, t0: float, c0: float) -> tuple[float, float]:
     return (time.perf_counter() - t0) / calls * 1e6, (time.process_time() - c0) / calls * 1e6
 
 
-def blocking(dsn: str, calls: int) -> tuple[float, float]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
+def blocking(dsn: Any, calls: int) -> tuple[float, float]:
+    with psycopg.connect(*dsn[0], autocommit=True, **dsn[1]) as conn:
         wire = Wire(conn)
         for _ in range(WARM):
             wire.call(FORM, ARGS)
@@ -62,8 +62,8 @@ async def _timed(calls: int, one: Callable[[], Awaitable[Any]]) -> tuple[float, 
     return _per_call(calls, t0, c0)
 
 
-async def on_loop(dsn: str, calls: int) -> tuple[float, float]:
-    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+async def on_loop(dsn: Any, calls: int) -> tuple[float, float]:
+    conn = await psycopg.AsyncConnection.connect(*dsn[0], autocommit=True, **dsn[1])
     wire = Wire(conn)
     try:
         return await _timed(calls, lambda: wire.arun(wire.exchange(FORM, ARGS)))
@@ -77,9 +77,9 @@ async def hop_empty(calls: int) -> tuple[float, float]:
     return await _timed(calls, lambda: hop.run(lambda: None))
 
 
-async def hop_blocking(dsn: str, calls: int) -> tuple[float, float]:
+async def hop_blocking(dsn: Any, calls: int) -> tuple[float, float]:
     hop = Hop()
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(*dsn[0], autocommit=True, **dsn[1]) as conn:
         wire = Wire(conn)
         return await _timed(calls, lambda: hop.run(wire.call, FORM, ARGS))
 
@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5_000)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    dsn, n = _conninfo(args.url), args.calls
+    dsn, n = _connect_args(args.url), args.calls
     ways: list[tuple[str, Callable[[], tuple[float, float]]]] = [
         ("blocking (Wire.call)", lambda: blocking(dsn, n)),
         ("on the loop (Wire.arun, uvloop)", lambda: uvloop.run(on_loop(dsn, n))),

@@ -13,14 +13,13 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from fence_helpers import OwnerFactory, Provider
+from fence_helpers import OwnerFactory, Provider, at_point
 
-from ringfence import faults
 from ringfence.errors import FencedOut
 from ringfence.fence import Fences, FenceState, FenceStore, Owner
 from ringfence.redis.embedded import free_port
@@ -101,17 +100,14 @@ def test_a_claim_commits_with_synchronous_commit_off_for_itself_alone(store: Fen
             assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "on"
 
 
-def crash_at(pg: PrivatePostgres, point: str) -> Any:
+def crash_at(pg: PrivatePostgres, point: str) -> AbstractContextManager[None]:
     """A fault hook that crashes and restarts the database the first time ``point`` is reached; the run goes on."""
-    fired: list[str] = []
 
-    def hook(name: str) -> None:
-        if name == point and not fired:
-            fired.append(name)
-            pg.crash()
-            pg.start()
+    def crash(_name: str) -> None:
+        pg.crash()
+        pg.start()
 
-    return faults.inject(hook)
+    return at_point(point, crash)
 
 
 def charge(store: FenceStore, owner: Owner, subject: str, provider: Provider) -> None:

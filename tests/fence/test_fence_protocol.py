@@ -8,23 +8,11 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from fence_helpers import Backend, OwnerFactory, Provider
+from fence_helpers import Backend, OwnerFactory, Provider, kill_at
 
 from ringfence import faults
 from ringfence.errors import FenceBusy, FenceConflict, FencedOut, InDoubt, RetryLater
 from ringfence.fence import NOT_HAPPENED, Fences, FenceState, Owner
-
-
-def kill_at(point: str) -> Any:
-    """A fault hook that 'SIGKILLs' (raises SimulatedKill) the first time ``point`` is reached."""
-    fired: list[str] = []
-
-    def hook(name: str) -> None:
-        if name == point and not fired:
-            fired.append(name)
-            raise faults.SimulatedKill(name)
-
-    return faults.inject(hook)
 
 
 def charge(b: Backend, owner: Owner, subject: str, provider: Provider, amount: int = 500,

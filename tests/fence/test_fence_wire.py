@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from bench.fence_bench import store_targets, summarize, transactions, wire_trace
-from fence_helpers import Backend, OwnerFactory, Provider
+from fence_helpers import Backend, OwnerFactory, Provider, kill_at
 
 from ringfence import faults
 from ringfence.errors import FencedOut
@@ -72,14 +72,7 @@ def test_a_dedup_step_killed_before_its_call_is_replayed_with_the_same_key(
         backend: Backend, subject: str, provider: Provider, make_owner: OwnerFactory) -> None:
     """Killed right after the capture (already calling): the rerun finds calling with no reference and replays
     with the same key, as the in-doubt rule says; the provider sees one effect."""
-    fired: list[str] = []
-
-    def kill(name: str) -> None:
-        if name == "after_capture" and not fired:
-            fired.append(name)
-            raise faults.SimulatedKill(name)
-
-    with pytest.raises(faults.SimulatedKill), faults.inject(kill):
+    with pytest.raises(faults.SimulatedKill), kill_at("after_capture"):
         one_job(backend.store, make_owner(), subject, provider, **DEDUP)
     row = backend.store.get(subject, "charge")
     assert row is not None and row.state is FenceState.CALLING and provider.calls == []
