@@ -97,10 +97,6 @@ def is_owned_read(statement: str, _parameters: Any) -> bool:
     return statement.lstrip().upper().startswith("SELECT") and "owner_job_id =" in statement
 
 
-def is_park(statement: str, parameters: Any) -> bool:
-    return statement.lstrip().upper().startswith("UPDATE") and "in_doubt" in str(parameters)
-
-
 def one_dead(app: App) -> bool:
     try:
         return bool(app.broker.queue_counts("default")["dead"] == 1)
@@ -194,14 +190,21 @@ async def test_refused_dead_letter_keeps_the_steps_name(app: App) -> None:
     leave_calling(app, job)
     k = app.broker.keys.queue("default")
 
-    def lease_lapses() -> None:
+    lapsed: list[str] = []
+
+    def lease_lapses(name: str) -> None:
+        # once, after the park has committed: a lapse inside the park's transaction would let the next attempt
+        # read the step still calling and take a settling run instead
+        if name != "before_dead_letter" or lapsed:
+            return
         r = redis.Redis.from_url(app.redis_url)
         r.zadd(k.active, {job: 0})
-        assert app.broker.run(app.broker.recover("default")) == [job]
+        lapsed.extend(app.broker.run(app.broker.recover("default")))
         r.close()
 
-    on_sql(app, is_park, lease_lapses)
-    await run_worker_until(app, lambda: one_dead(app))
+    with faults.inject(lease_lapses):
+        await run_worker_until(app, lambda: one_dead(app))
+    assert lapsed == [job]
 
     rec = dead_record(app, job)
     assert rec["attempts"] == 2 and rec["reason"] == "in_doubt"

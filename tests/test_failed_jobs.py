@@ -181,6 +181,23 @@ def test_the_row_survives_a_kill_between_the_two_writes(fence_url, spawn_worker,
     app.failed_jobs.delete([job])
 
 
+def test_a_kill_before_the_dead_letter_leaves_it_to_the_next_attempt(fence_url, spawn_worker, namespace, redis_url,
+                                                                      rdb) -> None:
+    env = {"FENCE_URL": fence_url}
+    os.environ.update(FENCE_URL=fence_url, RINGFENCE_NAMESPACE=namespace)
+    app = dead_app(redis_url, namespace, fence_url)
+    job = app.enqueue_many(_doomed(app), [{"n": 8}])[0]
+    w = spawn_worker("--app", "durableapp:app", env={**env, "RINGFENCE_FAULTS": "before_dead_letter"})
+    assert w.wait(60) == -signal.SIGKILL
+    counts = app.broker.queue_counts("default")
+    assert counts["dead"] == 0 and counts["active"] == 1 and rows(app, job) == []  # nothing written, nothing lost
+    spawn_worker("--app", "durableapp:app", env=env)  # recovers the lapsed lease; attempt 2 dead-letters it
+    [row] = wait_until(lambda: rows(app, job), timeout=40)
+    assert row["reason"] == "permanent" and row["attempts"] == 2 and row["payload"]["a"] == {"n": 8}
+    assert app.broker.queue_counts("default")["dead"] == 1
+    app.failed_jobs.delete([job])
+
+
 def _doomed(app: App) -> Any:
     @app.task(name="doomed")
     async def doomed(ctx, n: int) -> None: ...

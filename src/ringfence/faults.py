@@ -2,9 +2,9 @@
 
 A fault point is a named place in the fence protocol where a crash matters
 (``after_capture``, ``after_calling``, ``after_effect``, ``after_record``,
-``before_commit``), or in the worker (``after_dead_letter``: between the Redis dead-letter and the
-failed_jobs row), or in the outbox relay (``relay_after_read``, ``relay_after_send``,
-``relay_after_mark``). Two ways to fire one:
+``before_commit``), or in the worker (``before_dead_letter``: the steps a dead job leaves are parked,
+its Redis dead-letter not yet made; ``after_dead_letter``: between the Redis dead-letter and the failed_jobs
+row), or in the outbox relay (``relay_after_read``, ``relay_after_send``, ``relay_after_mark``). Two ways to fire one:
 
 - the environment: ``RINGFENCE_FAULTS="after_effect"`` SIGKILLs the process the
   first time it reaches that point; ``"after_effect:0.3,before_commit"`` kills at
@@ -40,7 +40,7 @@ ENV = "RINGFENCE_FAULTS"
 #: Every fault point the fence protocol calls, in protocol order.
 POINTS = ("after_capture", "after_calling", "after_effect", "after_record", "before_commit")
 #: The worker's own fault points.
-WORKER_POINTS = ("after_dead_letter",)
+WORKER_POINTS = ("before_dead_letter", "after_dead_letter")
 #: The outbox relay's (outbox/relay.py), in step order.
 RELAY_POINTS = ("relay_after_read", "relay_after_send", "relay_after_mark")
 

@@ -91,6 +91,7 @@ class Settler:
             v = named
             fields = {"reason": v.reason, "error": v.error, "traceback": v.tb, "task": task_name, "queue": job.queue}
             durable = job.spec is not None and self.durable
+            fault_point("before_dead_letter")  # the steps are parked and committed; the lease may lapse here
             took = await b.arun(b.dead(job.queue, job.id, job.token, entry, fields, durable=durable))
         finally:
             r.sweeping = False
