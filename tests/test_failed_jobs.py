@@ -163,17 +163,22 @@ def test_an_old_table_is_upgraded_and_fence_init_assigns_its_rows(redis_url, nam
     assert [r["job_id"] for r in failed.unreplayed()] == ["legacy"]
 
 
-def test_the_row_survives_a_kill_between_the_two_writes(fence_url, spawn_worker, namespace, redis_url, rdb) -> None:
-    env = {"FENCE_URL": fence_url}
+def killed_at(point: str, n: int, fence_url: str, spawn_worker, namespace: str, redis_url: str) -> tuple[App, str]:
+    """A doomed job whose worker SIGKILLs itself at fault point ``point``."""
     os.environ.update(FENCE_URL=fence_url, RINGFENCE_NAMESPACE=namespace)
     app = dead_app(redis_url, namespace, fence_url)
-    job = app.enqueue_many(_doomed(app), [{"n": 7}])[0]
-    w = spawn_worker("--app", "durableapp:app", env={**env, "RINGFENCE_FAULTS": "after_dead_letter"})
+    job = app.enqueue_many(_doomed(app), [{"n": n}])[0]
+    w = spawn_worker("--app", "durableapp:app", env={"FENCE_URL": fence_url, "RINGFENCE_FAULTS": point})
     assert w.wait(60) == -signal.SIGKILL
+    return app, job
+
+
+def test_the_row_survives_a_kill_between_the_two_writes(fence_url, spawn_worker, namespace, redis_url, rdb) -> None:
+    app, job = killed_at("after_dead_letter", 7, fence_url, spawn_worker, namespace, redis_url)
     k = app.broker.keys.queue("default")
     assert app.broker.queue_counts("default")["dead"] == 1
     assert rdb.zscore(k.durable, job) is not None and rows(app, job) == []  # the kill left the row owed
-    spawn_worker("--app", "durableapp:app", env=env)
+    spawn_worker("--app", "durableapp:app", env={"FENCE_URL": fence_url})
     wait_until(lambda: rows(app, job), timeout=40)
     wait_until(lambda: rdb.zcard(k.durable) == 0, timeout=10)
     [row] = rows(app, job)
@@ -181,17 +186,13 @@ def test_the_row_survives_a_kill_between_the_two_writes(fence_url, spawn_worker,
     app.failed_jobs.delete([job])
 
 
-def test_a_kill_before_the_dead_letter_leaves_it_to_the_next_attempt(fence_url, spawn_worker, namespace, redis_url,
-                                                                      rdb) -> None:
-    env = {"FENCE_URL": fence_url}
-    os.environ.update(FENCE_URL=fence_url, RINGFENCE_NAMESPACE=namespace)
-    app = dead_app(redis_url, namespace, fence_url)
-    job = app.enqueue_many(_doomed(app), [{"n": 8}])[0]
-    w = spawn_worker("--app", "durableapp:app", env={**env, "RINGFENCE_FAULTS": "before_dead_letter"})
-    assert w.wait(60) == -signal.SIGKILL
+def test_a_kill_before_the_dead_letter_leaves_it_to_the_next_attempt(fence_url, spawn_worker, namespace,
+                                                                      redis_url) -> None:
+    app, job = killed_at("before_dead_letter", 8, fence_url, spawn_worker, namespace, redis_url)
     counts = app.broker.queue_counts("default")
     assert counts["dead"] == 0 and counts["active"] == 1 and rows(app, job) == []  # nothing written, nothing lost
-    spawn_worker("--app", "durableapp:app", env=env)  # recovers the lapsed lease; attempt 2 dead-letters it
+    # the next worker recovers the lapsed lease, and attempt 2 dead-letters the job
+    spawn_worker("--app", "durableapp:app", env={"FENCE_URL": fence_url})
     [row] = wait_until(lambda: rows(app, job), timeout=40)
     assert row["reason"] == "permanent" and row["attempts"] == 2 and row["payload"]["a"] == {"n": 8}
     assert app.broker.queue_counts("default")["dead"] == 1
