@@ -19,10 +19,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from ringfence import App, RetryPolicy, WorkerSettings
+from ringfence import App, RetryPolicy, WorkerSettings, faults
 from ringfence.redis.broker import Broker
 from ringfence.runtime import Runtime
 
@@ -190,3 +191,24 @@ async def drive(worker: Any, done: Callable[[], Any], timeout: float = 15) -> No
     finally:
         worker.request_stop()
         await asyncio.wait_for(runner, 10)
+
+
+def at_point(point: str, action: Callable[[str], None]) -> AbstractContextManager[None]:
+    """While the block runs, ``action(point)`` the first time fault point ``point`` is reached."""
+    fired: list[str] = []
+
+    def hook(name: str) -> None:
+        if name == point and not fired:
+            fired.append(name)
+            action(name)
+
+    return faults.inject(hook)
+
+
+def _simulated_kill(name: str) -> None:
+    raise faults.SimulatedKill(name)
+
+
+def kill_at(point: str) -> AbstractContextManager[None]:
+    """A fault hook that 'SIGKILLs' (raises SimulatedKill) the first time ``point`` is reached."""
+    return at_point(point, _simulated_kill)

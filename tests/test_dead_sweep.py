@@ -24,7 +24,7 @@ from ringfence.models import Fetched
 from ringfence.redis.embedded import EmbeddedRedis, free_port
 from ringfence.worker.fencing import Fencing
 from ringfence.worker.worker import Worker
-from support import wait_until
+from support import at_point, kill_at, wait_until
 
 AOF = ("--appendonly", "yes", "--appendfsync", "always")
 SETTINGS = WorkerSettings(lease_s=6.0, heartbeat_s=0.5, recover_interval_s=0.5, promote_interval_s=0.1,
@@ -52,12 +52,8 @@ def app(server: EmbeddedRedis, tmp_path: Path) -> Iterator[App]:
 
 def leave_calling(app: App, job_id: str) -> None:
     """An earlier attempt of ``job_id`` got the provider's answer and died before recording it."""
-    def crash(name: str) -> None:
-        if name == "after_effect":
-            raise faults.SimulatedKill(name)
-
     owner = Owner(job_id, "earlier-attempt", lease_s=1.0)
-    with (faults.inject(crash), pytest.raises(faults.SimulatedKill),
+    with (kill_at("after_effect"), pytest.raises(faults.SimulatedKill),
           Fences(app.fence_store, owner).open(SUBJECT, "charge") as step):
         step.effect(lambda: "ch_1")
     row = app.fence_store.get(SUBJECT, "charge")
@@ -192,17 +188,15 @@ async def test_refused_dead_letter_keeps_the_steps_name(app: App) -> None:
 
     lapsed: list[str] = []
 
-    def lease_lapses(name: str) -> None:
-        # once, after the park has committed: a lapse inside the park's transaction would let the next attempt
-        # read the step still calling and take a settling run instead
-        if name != "before_dead_letter" or lapsed:
-            return
+    def lease_lapses(_name: str) -> None:
         r = redis.Redis.from_url(app.redis_url)
         r.zadd(k.active, {job: 0})
         lapsed.extend(app.broker.run(app.broker.recover("default")))
         r.close()
 
-    with faults.inject(lease_lapses):
+    # after the park has committed: a lapse inside the park's transaction would let the next attempt read the
+    # step still calling and take a settling run instead
+    with at_point("before_dead_letter", lease_lapses):
         await run_worker_until(app, lambda: one_dead(app))
     assert lapsed == [job]
 

@@ -18,6 +18,7 @@ from ringfence.metrics import serve_exporter
 from ringfence.outbox.lag import outbox_lag
 from ringfence.outbox.relay import Relay
 from ringfence.redis.embedded import free_port
+from support import kill_at
 from test_doctor import finding
 from test_doctor_truth import COMMAND
 from test_metrics import scrape
@@ -90,11 +91,6 @@ def test_without_an_outbox_table_or_a_database_the_check_is_skipped(make_app, tm
     assert not (tmp_path / "ringfence.db").exists()
 
 
-def _crash_after_send(name: str) -> None:
-    if name == "relay_after_send":
-        raise faults.SimulatedKill(name)
-
-
 def test_the_exporter_serves_the_lag(make_app, db) -> None:
     app = _app(make_app, db)
     _write(app, db, 4)
@@ -103,7 +99,7 @@ def test_the_exporter_serves_the_lag(make_app, db) -> None:
         got = scrape(server.server_port)
         assert got[("ringfence_outbox_waiting", ())] == 4 and got[("ringfence_outbox_up", ())] == 1
         assert 0 <= got[("ringfence_outbox_oldest_seconds", ())] < 60
-        with faults.inject(_crash_after_send), pytest.raises(faults.SimulatedKill):
+        with kill_at("relay_after_send"), pytest.raises(faults.SimulatedKill):
             Relay(app, engine=db).step()
         Relay(app, engine=db).run(once=True)  # the four again: refused as sent before
         got = scrape(server.server_port)

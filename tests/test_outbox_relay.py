@@ -14,6 +14,7 @@ from outbox_helpers import rows
 from ringfence import App, faults
 from ringfence.errors import ConfigError
 from ringfence.outbox.relay import Relay
+from support import kill_at
 
 db = outbox_helpers.db  # the fixture: SQLite, PostgreSQL and MariaDB
 
@@ -59,17 +60,10 @@ def test_committed_rows_arrive_once_in_order_rolled_back_never(make_app, db, rdb
     assert len(_pending(rdb, app, "orders")) == 6
 
 
-def _crash_at(point: str):
-    def hook(name: str) -> None:
-        if name == point:
-            raise faults.SimulatedKill(name)
-    return faults.inject(hook)
-
-
 def test_a_resend_after_a_crash_between_send_and_delete_is_refused(make_app, db, rdb, namespace) -> None:
     app = _app(make_app, db)
     ids = _write(app, db, 4)
-    with _crash_at("relay_after_send"), pytest.raises(faults.SimulatedKill):
+    with kill_at("relay_after_send"), pytest.raises(faults.SimulatedKill):
         Relay(app, engine=db).step()
     assert [r["job_id"] for r in rows(db, namespace)] == ids  # rolled back: still waiting
     # The first copies run and are forgotten (as an ack does), so only the sent record can refuse the copy.
@@ -86,7 +80,7 @@ def test_a_resend_after_a_crash_between_send_and_delete_is_refused(make_app, db,
 def test_a_crash_after_the_delete_leaves_only_sent_records(make_app, db, rdb, namespace) -> None:
     app = _app(make_app, db)
     ids = _write(app, db, 2)
-    with _crash_at("relay_after_mark"), pytest.raises(faults.SimulatedKill):
+    with kill_at("relay_after_mark"), pytest.raises(faults.SimulatedKill):
         Relay(app, engine=db).step()
     assert rows(db, namespace) == [] and _pending(rdb, app, "orders") == ids[:1]
     assert rdb.zcard(app.broker.keys.queue("orders").outbox_sent) == 1  # forgotten after keep_s
@@ -202,7 +196,7 @@ def test_sent_records_a_crash_left_are_dropped_after_keep_s(make_app, db, rdb) -
 
     app = _app(make_app, db)
     _write(app, db, 2)
-    with _crash_at("relay_after_mark"), pytest.raises(faults.SimulatedKill):
+    with kill_at("relay_after_mark"), pytest.raises(faults.SimulatedKill):
         Relay(app, engine=db, lease_s=0.05, keep_s=0.2).step()
     sent = app.broker.keys.queue("orders").outbox_sent
     assert rdb.zcard(sent) == 1

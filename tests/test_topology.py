@@ -24,7 +24,7 @@ from ringfence.errors import NotReplicated
 from ringfence.inspect import info
 from ringfence.redis import observe
 from ringfence.redis.connection import parse_target
-from support import ROOT, wait_until
+from support import ROOT, kill_at, wait_until
 from topology import HAVE_REDIS, Cluster, SentinelSet, Servers, free_port
 
 pytestmark = [pytest.mark.topology,
@@ -457,11 +457,7 @@ def test_the_outbox_relay_on_a_cluster(cluster: Cluster, tmp_path: Path) -> None
     with engine.begin() as conn:
         ids = [(a if n % 2 else b).enqueue_in(conn, n=n) for n in range(6)]
 
-    def crash(name: str) -> None:
-        if name == "relay_after_send":
-            raise faults.SimulatedKill(name)
-
-    with faults.inject(crash), pytest.raises(faults.SimulatedKill):
+    with kill_at("relay_after_send"), pytest.raises(faults.SimulatedKill):
         Relay(app, engine=engine).step()
     again = Relay(app, engine=engine)
     assert again.run(once=True) == 6 and again.counts.refused == 6

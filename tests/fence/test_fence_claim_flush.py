@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from fence_helpers import OwnerFactory, Provider, at_point
+from fence_helpers import OwnerFactory, Provider
 
 from ringfence.errors import FencedOut
 from ringfence.fence import Fences, FenceState, FenceStore, Owner
 from ringfence.redis.embedded import free_port
-from support import service_missing
+from support import at_point, service_missing
 
 
 class PrivatePostgres:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from ringfence import faults
 from ringfence.errors import InDoubt
 from ringfence.fence import NOT_HAPPENED, Fences, FenceState, Owner
+from support import kill_at
 
 MODES = ("dedup", "reconcile", "none")
 KILLS = st.lists(st.sampled_from(faults.POINTS), max_size=4)
@@ -34,12 +35,8 @@ def options(mode: str, provider: Provider) -> dict[str, Any]:
 
 
 def attempt(b: Backend, subject: str, provider: Provider, mode: str, kill: str | None) -> None:
-    def hook(name: str) -> None:
-        if name == kill:
-            raise faults.SimulatedKill(name)
-
     owner = Owner("job-" + subject, uuid.uuid4().hex, lease_s=60, alive=lambda j, t: False)
-    with faults.inject(hook) if kill else nullcontext(), \
+    with kill_at(kill) if kill else nullcontext(), \
             Fences(b.store, owner).open(subject, "charge", params={"s": subject},
                                         **options(mode, provider)) as step:
         if step.done:

@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from fence_helpers import Backend, OwnerFactory, Provider, kill_at
+from fence_helpers import Backend, OwnerFactory, Provider
 
 from ringfence import faults
 from ringfence.errors import FenceBusy, FenceConflict, FencedOut, InDoubt, RetryLater
 from ringfence.fence import NOT_HAPPENED, Fences, FenceState, Owner
+from support import kill_at
 
 
 def charge(b: Backend, owner: Owner, subject: str, provider: Provider, amount: int = 500,

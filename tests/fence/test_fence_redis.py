@@ -11,6 +11,7 @@ from fence_helpers import OwnerFactory, Provider
 from ringfence import faults
 from ringfence.errors import FenceBusy, FencedOut, InDoubt
 from ringfence.fence import Fences, FenceState
+from support import kill_at
 
 
 def rebuild(store: Any, owner: Any, subject: str, provider: Provider, **opts: Any) -> str:
@@ -50,17 +51,13 @@ def test_in_doubt_replay_then_park_and_resolve(fence_redis: Any, provider: Provi
                                                make_owner: OwnerFactory) -> None:
     subject = f"cache:{uuid.uuid4().hex}"
 
-    def die(name: str) -> None:
-        if name == "after_effect":
-            raise faults.SimulatedKill(name)
-
-    with pytest.raises(faults.SimulatedKill), faults.inject(die):
+    with pytest.raises(faults.SimulatedKill), kill_at("after_effect"):
         rebuild(fence_redis, make_owner(), subject, provider, provider_dedup=True, key_window_s=60)
     rebuild(fence_redis, make_owner(), subject, provider, provider_dedup=True, key_window_s=60)
     assert len(provider.calls) == 2 and provider.effects == 1
 
     other = f"cache:{uuid.uuid4().hex}"
-    with pytest.raises(faults.SimulatedKill), faults.inject(die):
+    with pytest.raises(faults.SimulatedKill), kill_at("after_effect"):
         rebuild(fence_redis, make_owner(), other, provider)
     with pytest.raises(InDoubt):
         rebuild(fence_redis, make_owner(), other, provider)

@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 from bench.fence_bench import store_targets, summarize, transactions, wire_trace
-from fence_helpers import Backend, OwnerFactory, Provider, kill_at
+from fence_helpers import Backend, OwnerFactory, Provider
 
 from ringfence import faults
 from ringfence.errors import FencedOut
 from ringfence.fence import Fences, FenceState, FenceStore
+from support import kill_at
 
 DEDUP = {"provider_dedup": True, "key_window_s": 3600}
 
