@@ -4,6 +4,7 @@
 
     RingfenceError
     ├── ConfigError            a setting breaks an invariant; the app or worker refuses to start
+    │   └── FenceTablesMissing the fence database has no fence tables (`ringfence fence init` not run)
     ├── EnvironmentMismatch    the namespace belongs to another environment (staging vs production)
     ├── PayloadError           a payload cannot be encoded or decoded (names the task and field)
     │   ├── PayloadTooNew      written by a newer release than this worker: delayed, not failed
@@ -49,6 +50,11 @@ class ConfigError(RingfenceError):
 
 class EnvironmentMismatch(ConfigError):
     """The namespace in Redis was claimed by another environment name."""
+
+
+class FenceTablesMissing(ConfigError):
+    """``fence_url`` names a database without the fence tables: the message names it and the command that
+    creates them."""
 
 
 class PayloadError(RingfenceError):
