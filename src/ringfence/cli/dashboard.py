@@ -17,7 +17,8 @@ INSTALL = "the dashboard needs its extra: pip install 'ringfence[dashboard]'"
 @click.option("--port", default=8787, show_default=True, help="port to listen on")
 @click.option("--read-only", is_flag=True, help="show no action and accept none")
 @click.option("--redact", default=None, envvar="RINGFENCE_DASHBOARD_REDACT",
-              help="comma-separated payload fields shown as [redacted] (default password,secret,token,card,email)")
+              help="comma-separated words: a payload field whose name contains one is shown as [redacted] "
+                   "(default: password, secret, token, key, card, auth, cvv, iban, email and more)")
 def dashboard(app: App, host: str, port: int, read_only: bool, redact: str | None) -> None:
     """Web dashboard: queues, servers, jobs, fences, doctor; actions with RINGFENCE_DASHBOARD_TOKEN."""
     try:

@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 
     from ringfence.app import App
 
-#: Payload fields the dashboard redacts unless told otherwise (``redact=`` or RINGFENCE_DASHBOARD_REDACT).
-DEFAULT_REDACT = ("password", "secret", "token", "card", "email")
+#: The dashboard redacts a payload field whose name contains one of these words (case-insensitive, at any depth)
+#: unless told otherwise (``redact=`` or RINGFENCE_DASHBOARD_REDACT).
+DEFAULT_REDACT = ("password", "passwd", "pwd", "secret", "token", "key", "card", "auth", "cookie", "session", "cvv",
+                  "cvc", "iban", "ssn", "email", "credential", "signature", "private")
 
 
 def create_app(app: App, *, read_only: bool = False, token: str | None = None,
@@ -30,7 +32,8 @@ def create_app(app: App, *, read_only: bool = False, token: str | None = None,
 
     ``token`` (default: env RINGFENCE_DASHBOARD_TOKEN) unlocks actions after a login form; ``authorize`` (a
     host application's check on the request) replaces the token when mounted. Without either, or with
-    ``read_only``, no action is shown or accepted. ``redact``: payload field names shown as ``[redacted]``."""
+    ``read_only``, no action is shown or accepted. ``redact``: words; a payload field whose name contains one is
+    shown as ``[redacted]``."""
     from ringfence.dashboard.routes import build
 
     if redact is None:

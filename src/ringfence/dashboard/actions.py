@@ -4,7 +4,6 @@ submits the next one itself, showing the progress."""
 
 from __future__ import annotations
 
-import hmac
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
@@ -13,7 +12,8 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from ringfence import inspect, jobs
-from ringfence.dashboard.security import AUTH_COOKIE, csrf_ok, token_proof
+from ringfence.dashboard.page import BadInput, whole
+from ringfence.dashboard.security import AUTH_COOKIE, csrf_ok, same, token_proof
 from ringfence.errors import RingfenceError
 
 if TYPE_CHECKING:
@@ -24,9 +24,10 @@ if TYPE_CHECKING:
 BATCH = 500  # dead jobs per request of a bulk action
 
 
-def _back(base: str, path: str, **query: Any) -> RedirectResponse:
-    q = urlencode({k: v for k, v in query.items() if v not in (None, "")})
-    return RedirectResponse(f"{base}{path}" + (f"?{q}" if q else ""), status_code=303)
+def _back(d: Dashboard, request: Request, path: str, msg: str = "", **query: Any) -> RedirectResponse:
+    """A redirect after an action; its flash message is signed so a page shows only what the dashboard said."""
+    q = urlencode({k: v for k, v in {**query, **d.flash(msg)}.items() if v not in (None, "")})
+    return RedirectResponse(f"{_base(request)}{path}" + (f"?{q}" if q else ""), status_code=303)
 
 
 def _guarded(d: Dashboard, fn: Callable[[Dashboard, Request, Any], Awaitable[Response]]
@@ -42,8 +43,10 @@ def _guarded(d: Dashboard, fn: Callable[[Dashboard, Request, Any], Awaitable[Res
             return PlainTextResponse("refused: log in with the dashboard token first", 403)
         try:
             return await fn(d, request, form)
+        except BadInput as exc:
+            return PlainTextResponse(f"refused: {exc}", 400)
         except RingfenceError as exc:
-            return _back(request.scope.get("root_path", ""), "/", msg=f"refused: {exc}")
+            return _back(d, request, "/", msg=f"refused: {exc}")
     return endpoint
 
 
@@ -51,16 +54,28 @@ def _base(request: Request) -> str:
     return str(request.scope.get("root_path", ""))
 
 
+def _no_login(d: Dashboard) -> str:
+    """Why this dashboard has nothing to log in for, or "" when the token form applies."""
+    if d.guard.read_only:
+        return "This dashboard is read-only: no action can be enabled, token or not."
+    if d.guard.token is None:
+        return "No dashboard token is set (RINGFENCE_DASHBOARD_TOKEN): there is nothing to log in with."
+    return ""
+
+
 async def _login(d: Dashboard, request: Request) -> Response:
+    closed = _no_login(d)
     if request.method == "GET":
-        return d.render(request, "login.html", page="login")
+        return d.render(request, "login.html", page="login", closed=closed)
     form = await request.form()
     if not csrf_ok(request, form.get("csrf")):
         return PlainTextResponse("refused: missing or wrong CSRF value (reload the page)", 403)
-    sent = str(form.get("token", ""))
-    if d.guard.token is None or not hmac.compare_digest(sent, d.guard.token):
+    if closed:
+        return d.render(request, "login.html", status=403, page="login", closed=closed)
+    assert d.guard.token is not None
+    if not same(form.get("token", ""), d.guard.token):
         return d.render(request, "login.html", status=403, page="login", error="wrong token")
-    resp = _back(_base(request), "/", msg="logged in: actions enabled")
+    resp = _back(d, request, "/", msg="logged in: actions enabled")
     resp.set_cookie(AUTH_COOKIE, token_proof(d.guard.token), httponly=True, samesite="strict",
                     path=_base(request) or "/")
     return resp
@@ -70,7 +85,7 @@ async def _logout(d: Dashboard, request: Request) -> Response:
     form = await request.form()
     if not csrf_ok(request, form.get("csrf")):
         return PlainTextResponse("refused: missing or wrong CSRF value (reload the page)", 403)
-    resp = _back(_base(request), "/", msg="logged out")
+    resp = _back(d, request, "/", msg="logged out")
     resp.delete_cookie(AUTH_COOKIE, path=_base(request) or "/")
     return resp
 
@@ -80,7 +95,7 @@ async def _pause(d: Dashboard, request: Request, form: Any) -> Response:
     if queue not in d.app.broker.queues():
         return PlainTextResponse(f"no queue {queue!r}", 404)
     d.app.broker.set_paused(queue, paused)
-    return _back(_base(request), "/", msg=f"{'paused' if paused else 'resumed'} {queue}")
+    return _back(d, request, "/", msg=f"{'paused' if paused else 'resumed'} {queue}")
 
 
 async def _cancel(d: Dashboard, request: Request, form: Any) -> Response:
@@ -88,18 +103,18 @@ async def _cancel(d: Dashboard, request: Request, form: Any) -> Response:
     queue, left = jobs.cancel_job(d.app, job_id)
     msg = f"cancelled job {job_id} (was {left} in {queue})"
     if left.endswith("dead"):  # it owns a fence step past capture: kept in dead-letter, shown there
-        return _back(_base(request), "/jobs", id=job_id, msg=msg)
+        return _back(d, request, "/jobs", id=job_id, msg=msg)
     state = left if left in ("pending", "scheduled", "retry") else "active"
-    return _back(_base(request), f"/queues/{queue}/{state}", msg=msg)
+    return _back(d, request, f"/queues/{queue}/{state}", msg=msg)
 
 
 async def _purge(d: Dashboard, request: Request, form: Any) -> Response:
     queue, typed = str(form.get("queue", "")), str(form.get("confirm", ""))
     if queue not in d.app.broker.queues() or typed != queue:
-        return _back(_base(request), f"/queues/{queue}/pending", msg="not purged: type the queue's name to confirm")
+        return _back(d, request, f"/queues/{queue}/pending", msg="not purged: type the queue's name to confirm")
     deleted, moved = jobs.purge_queue(d.app, queue)
     note = f"; {moved} owning a fence step moved to dead-letter" if moved else ""
-    return _back(_base(request), f"/queues/{queue}/pending", msg=f"purged {deleted} pending job(s) of {queue}{note}")
+    return _back(d, request, f"/queues/{queue}/pending", msg=f"purged {deleted} pending job(s) of {queue}{note}")
 
 
 async def _dead(d: Dashboard, request: Request, form: Any) -> Response:
@@ -116,14 +131,14 @@ async def _resolve(d: Dashboard, request: Request, form: Any) -> Response:
     if store is None:
         return PlainTextResponse("no fence database", 404)
     if outcome == "done" and not reference:
-        return _back(_base(request), "/fences", msg="not resolved: 'done' needs the provider's reference")
+        return _back(d, request, "/fences", msg="not resolved: 'done' needs the provider's reference")
     row = store.get(subject, step)
     owner = row.owner_job_id if row is not None else None
     try:
         row = store.resolve(subject, step, happened=outcome == "done", reference=reference)
     except FenceError as exc:
-        return _back(_base(request), "/fences", msg=f"not resolved: {exc}")
-    return _back(_base(request), "/fences", replay=owner,
+        return _back(d, request, "/fences", msg=f"not resolved: {exc}")
+    return _back(d, request, "/fences", replay=owner,
                  msg=f"{subject}/{step}: now {row.state} (epoch {row.epoch}); replay its job to finish it")
 
 
@@ -150,25 +165,34 @@ def _dead_action(d: Dashboard, request: Request, form: Any) -> Response:
     op, queue = form.get("op"), str(form.get("queue", ""))
     if op not in ("replay", "delete") or queue not in app.broker.queues():
         return PlainTextResponse("say op=replay|delete and a queue", 400)
+    done = whole(str(form.get("done", "") or "0"), "done")
     flt = inspect.DeadFilter(queue=queue, task=str(form.get("task", "")) or None,
                              error=str(form.get("error", "")) or None)
     bulk = form.get("all") == "1"
-    if bulk:
-        ids = [j.id for j in inspect.dead_jobs(app.broker, flt, BATCH) if not j.malformed or op == "delete"]
-    else:
-        ids = [str(i) for i in form.getlist("id")][:BATCH]
+    ids = _matching(app, flt, op) if bulk else [str(i) for i in form.getlist("id")][:BATCH]
+    n = _apply(app, op, queue, ids)
+    filtered = bulk and (flt.task or flt.error)
+    left = len(_matching(app, flt, op)) if filtered else int(app.broker.sync.zcard(app.broker.keys.queue(queue).dead))
+    return d.render(request, "progress.html", page="progress", op=op, queue=queue, done=done + n, left=left,
+                    more=bulk and n == BATCH, filtered=filtered, at_least=filtered and left >= BATCH,
+                    flt={"task": flt.task or "", "error": flt.error or ""})
+
+
+def _matching(app: Any, flt: inspect.DeadFilter, op: str) -> list[str]:
+    """Up to one batch of the dead jobs the filter matches (a malformed one cannot be replayed)."""
+    return [j.id for j in inspect.dead_jobs(app.broker, flt, BATCH) if not j.malformed or op == "delete"]
+
+
+def _apply(app: Any, op: str, queue: str, ids: list[str]) -> int:
+    if not ids:
+        return 0
     failed = app.failed_jobs
     if op == "replay":
-        replayed = app.broker.run(app.broker.replay(queue, ids)) if ids else []
+        replayed = app.broker.run(app.broker.replay(queue, ids))
         if failed is not None and replayed:
             failed.mark_replayed(replayed)
-        n = len(replayed)
-    else:
-        n = app.broker.run(app.broker.delete_dead(queue, ids)) if ids else 0
-        if failed is not None and ids:
-            failed.delete(ids)
-    done = int(form.get("done", 0) or 0) + n
-    left = int(app.broker.sync.zcard(app.broker.keys.queue(queue).dead))
-    more = bulk and n == BATCH
-    return d.render(request, "progress.html", page="progress", op=op, queue=queue, done=done, left=left, more=more,
-                    flt={"task": flt.task or "", "error": flt.error or ""})
+        return len(replayed)
+    n = int(app.broker.run(app.broker.delete_dead(queue, ids)))
+    if failed is not None:
+        failed.delete(ids)
+    return n

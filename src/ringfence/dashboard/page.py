@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import math
+import re
+import secrets
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from ringfence.dashboard import views
-from ringfence.dashboard.security import CSRF_COOKIE, Guard, new_csrf, redact
+from ringfence.dashboard.security import CSRF_COOKIE, Guard, new_csrf, redact, same
 
 if TYPE_CHECKING:
     from ringfence.app import App
@@ -26,6 +32,18 @@ class Dashboard:
                                autoescape=select_autoescape(["html"]))
         self.env.filters["redact"] = lambda v: redact(v, self.redact_fields)
         self.env.filters["ago"] = _ago
+        self.env.filters["q"] = lambda v: quote(str(v), safe="")  # one URL path segment or query value
+        self._flash_key = secrets.token_bytes(32)
+
+    def flash(self, msg: str) -> dict[str, str]:
+        """Query fields carrying ``msg`` to the next page, signed: a link cannot make the dashboard say anything."""
+        if not msg:
+            return {}
+        return {"msg": msg, "sig": hmac.new(self._flash_key, msg.encode(), hashlib.sha256).hexdigest()}
+
+    def _shown(self, request: Request) -> str:
+        msg = request.query_params.get("msg", "")
+        return msg if msg and same(request.query_params.get("sig", ""), self.flash(msg)["sig"]) else ""
 
     def render(self, request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
         csrf = request.cookies.get(CSRF_COOKIE) or new_csrf()
@@ -34,7 +52,7 @@ class Dashboard:
             request=request, base=base, csrf=csrf, can_act=self.guard.allowed(request),
             actions_possible=self.guard.actions_possible, read_only=self.guard.read_only,
             partial=request.headers.get("x-partial") == "1", refresh_s=self.refresh_s,
-            namespace=self.app.namespace, msg=request.query_params.get("msg", ""),
+            namespace=self.app.namespace, msg=self._shown(request),
             now_ms=self.app.broker.clock(), **ctx)
         resp = HTMLResponse(html, status_code=status)
         if CSRF_COOKIE not in request.cookies:
@@ -50,3 +68,32 @@ def _ago(ms: float, now_ms: float) -> str:
         if s >= size:
             return f"{s / size:.1f}{unit} ago"
     return f"{s:.1f}s ago"
+
+
+class BadInput(ValueError):
+    """A query or form value the dashboard cannot use: refused with 400 and one line naming it."""
+
+
+_WHOLE = re.compile(r"[0-9]{1,9}")
+
+
+def whole(raw: str | None, name: str) -> int:
+    """A whole number from 0 to 999,999,999 ("" or None: 0)."""
+    if not raw:
+        return 0
+    if not _WHOLE.fullmatch(raw):
+        raise BadInput(f"{name} must be a whole number from 0 to 999999999, got {raw[:40]!r}")
+    return int(raw)
+
+
+def seconds(raw: str | None, name: str) -> float:
+    """A finite number of seconds >= 0 ("" or None: 0)."""
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value < 0:
+        raise BadInput(f"{name} must be a number of seconds >= 0, got {raw[:40]!r}")
+    return value

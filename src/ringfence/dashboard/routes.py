@@ -12,7 +12,7 @@ from starlette.staticfiles import StaticFiles
 
 from ringfence import jobs
 from ringfence.dashboard import actions, views
-from ringfence.dashboard.page import Dashboard
+from ringfence.dashboard.page import BadInput, Dashboard, seconds, whole
 from ringfence.dashboard.security import Guard
 from ringfence.inspect import queue_gauges
 from ringfence.redis.admin import STATES
@@ -53,8 +53,8 @@ def build(app: App, *, read_only: bool, token: str | None, authorize: Any, redac
                             missing=f"no state {state!r} of queue {queue!r}")
         q = request.query_params
         flt = {"task": q.get("task", "").strip(), "error": q.get("error", "").strip(),
-               "min_age_s": _float(q.get("min_age_s"))}
-        offset = max(0, int(_float(q.get("offset")) or 0))
+               "min_age_s": seconds(q.get("min_age_s"), "min_age_s")}
+        offset = whole(q.get("offset"), "offset")
         found, next_offset = _scan(app, queue, state, offset, flt)
         return d.render(request, "browse.html", page="jobs", queue=queue, state=state, jobs=found, flt=flt,
                         offset=offset, next_offset=next_offset, states=STATES,
@@ -85,14 +85,10 @@ def build(app: App, *, read_only: bool, token: str | None, authorize: Any, redac
         Route("/fences/reconcile", reconcile),
         *actions.routes(d), Mount("/static", static, name="static"),
     ]
-    return Starlette(routes=routes)
+    def bad_input(request: Request, exc: Exception) -> Response:
+        return d.render(request, "error.html", status=400, page="error", error=f"refused: {exc}")
 
-
-def _float(raw: str | None) -> float:
-    try:
-        return float(raw) if raw else 0.0
-    except ValueError:
-        return 0.0
+    return Starlette(routes=routes, exception_handlers={BadInput: bad_input})
 
 
 def _scan(app: App, queue: str, state: str, offset: int, flt: dict[str, Any]) -> tuple[list[Any], int | None]:

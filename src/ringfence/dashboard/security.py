@@ -21,13 +21,18 @@ def token_proof(token: str) -> str:
     return hmac.new(token.encode(), b"ringfence-dashboard", hashlib.sha256).hexdigest()
 
 
+def same(sent: object, want: str) -> bool:
+    """Constant-time equality of a value a browser sent (any text, or not text at all) with ``want``."""
+    return isinstance(sent, str) and hmac.compare_digest(sent.encode("utf-8", "surrogatepass"), want.encode())
+
+
 def new_csrf() -> str:
     return secrets.token_urlsafe(24)
 
 
 def csrf_ok(request: Request, sent: Any) -> bool:
     cookie = request.cookies.get(CSRF_COOKIE, "")
-    return bool(cookie) and isinstance(sent, str) and hmac.compare_digest(cookie, sent)
+    return bool(cookie) and same(sent, cookie)
 
 
 class Guard:
@@ -50,20 +55,20 @@ class Guard:
         assert self.token is not None
         sent = request.cookies.get(AUTH_COOKIE, "")
         bearer = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        want = token_proof(self.token)
-        return hmac.compare_digest(sent, want) or (bool(bearer) and hmac.compare_digest(bearer, self.token))
+        return same(sent, token_proof(self.token)) or (bool(bearer) and same(bearer, self.token))
 
 
-def redact(value: Any, fields: Iterable[str]) -> Any:
-    """A copy of ``value`` with every mapping key in ``fields`` (at any depth) replaced by a mark."""
-    names = {f.lower() for f in fields}
-    if not names:
+def redact(value: Any, words: Iterable[str]) -> Any:
+    """A copy of ``value`` where the value of every mapping key whose name contains one of ``words``
+    (case-insensitive, at any depth) is replaced by a mark."""
+    lowered = tuple(w.lower() for w in words if w)
+    if not lowered:
         return value
 
     def walk(v: Any) -> Any:
         if isinstance(v, dict):
-            return {k: (REDACTED if str(k).lower() in names else walk(x)) for k, x in v.items()}
-        if isinstance(v, list):
+            return {k: (REDACTED if any(w in str(k).lower() for w in lowered) else walk(x)) for k, x in v.items()}
+        if isinstance(v, list | tuple):
             return [walk(x) for x in v]
         return v
 
