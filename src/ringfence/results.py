@@ -43,8 +43,9 @@ POLL_S = 0.1  # after a replay, until the new run's record replaces the old fail
 BAD_RESULT = "bad_result"  # the dead-letter reason of a return value that is not JSON
 
 
-def done_record(task: Task, queue: str, value: Any, now_ms: int) -> bytes:
-    """The record of a finished job; PayloadError names the part of ``value`` that is not JSON."""
+def done_record(task: Task, queue: str, value: Any, now_ms: int, run: float | None = None) -> bytes:
+    """The record of a finished job; PayloadError names the part of ``value`` that is not JSON. ``run``: the
+    spec's ``enqueued_ms``, which tells this run's record from one of an earlier job with the same id."""
     if isinstance(value, BaseModel):
         problem = non_finite(value.model_dump(), "result")
         value = value.model_dump(mode="json")
@@ -53,7 +54,8 @@ def done_record(task: Task, queue: str, value: Any, now_ms: int) -> bytes:
     if problem is not None:
         raise PayloadError(f"task {task.name!r}: the return value is not stored: {problem}; return plain JSON "
                            "(dict, list, str, int, finite float, bool, None) or a pydantic model")
-    return orjson.dumps({"state": "done", "task": task.name, "queue": queue, "finished_ms": now_ms, "result": value})
+    return orjson.dumps({"state": "done", "task": task.name, "queue": queue, "finished_ms": now_ms, "run": run,
+                         "result": value})
 
 
 def dead_record(task_name: str, queue: str, reason: str, error: str, now_ms: int) -> bytes:
@@ -142,28 +144,30 @@ class _Waiter:
     def _stale(self, record: dict[str, Any]) -> bool:
         return self.stale_ms is not None and record.get("finished_ms", 0) <= self.stale_ms
 
-    def _replayed(self, record: dict[str, Any], queued: bool) -> bool:
-        """A failure record of a job that was replayed since: wait for the record of its new run."""
-        if record.get("state") != "dead" or not queued:
+    def _earlier(self, record: dict[str, Any], now: tuple[str, float] | None) -> bool:
+        """Is ``record`` from an earlier run of this id than the one in a queue ``now`` (a failure since replayed,
+        any record of a run whose id was enqueued again)? Then wait for the record of the run in the queue."""
+        if now is None:
             return False
-        self.stale_ms, self.queue = record.get("finished_ms", 0), str(record.get("queue"))
+        queue, run = now
+        written_by = record.get("run")  # the spec's enqueued_ms of the run that wrote the record
+        same_run = run == written_by if written_by is not None else record.get("finished_ms", 0) > run
+        if record.get("state") == "done" and same_run:
+            return False  # stored before the ack: the job is still in its queue for a moment
+        self.stale_ms, self.queue = record.get("finished_ms", 0), queue
         return True
 
     def fresh(self, raw: bytes | None) -> dict[str, Any] | None:
         record = None if raw is None else _record(raw)
         if record is None or self._stale(record):
             return None
-        queued = record.get("state") == "dead" and stored.queued(self.app.broker, str(record.get("queue")),
-                                                                  self.job_id)
-        return None if self._replayed(record, queued) else record
+        return None if self._earlier(record, stored.current_run(self.app.broker, self.job_id)) else record
 
     async def afresh(self, raw: bytes | None) -> dict[str, Any] | None:
         record = None if raw is None else _record(raw)
         if record is None or self._stale(record):
             return None
-        queued = record.get("state") == "dead" and await stored.aqueued(self.app.broker, str(record.get("queue")),
-                                                                         self.job_id)
-        return None if self._replayed(record, queued) else record
+        return None if self._earlier(record, await stored.acurrent_run(self.app.broker, self.job_id)) else record
 
     def gone(self) -> bool:
         return self.queue is None or not stored.present(self.app.broker, self.queue, self.job_id)

@@ -16,7 +16,8 @@ MAX_ATTEMPTS_LIMIT = 100
 # Job threads a worker starts with for sync handlers (``--threads``): two calls' I/O overlap; more start while calls
 # wait and the threads are held by slow calls or sleep on I/O (worker/calls.py, SyncRunner._grows).
 DEFAULT_THREADS = 2
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # always fullmatch: "^...$" accepts a final "\n"
+NAME_RULE = "must be 1 to 64 characters of A-Z a-z 0-9 _ . - (nothing else: no space, no newline)"
 
 
 @dataclass(frozen=True)
@@ -135,8 +136,8 @@ class TaskOptions:
     def problems(self, worker: WorkerSettings) -> list[str]:
         where = f"task {self.name!r}"
         out = list(self.retry.problems(where))
-        if not _NAME.match(self.queue):
-            out.append(f"{where}: queue name {self.queue!r} must match {_NAME.pattern}")
+        if not _NAME.fullmatch(self.queue):
+            out.append(f"{where}: queue name {self.queue!r} {NAME_RULE}")
         if self.timeout_s <= 0:
             out.append(f"{where}: timeout_s={self.timeout_s} must be > 0")
         elif self.timeout_s >= worker.max_lease_s:
@@ -162,8 +163,8 @@ def check(problems: list[str]) -> None:
 
 
 def check_name(kind: str, value: str) -> str:
-    if not _NAME.match(value):
-        raise ConfigError(f"{kind} {value!r} must match {_NAME.pattern}")
+    if type(value) is not str or not _NAME.fullmatch(value):
+        raise ConfigError(f"{kind} {value!r} {NAME_RULE}")
     return value
 
 

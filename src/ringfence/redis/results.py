@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ringfence.redis.call import Call
+from ringfence.errors import BadRecord
+from ringfence.models import JobSpec
+from ringfence.redis.call import Call, _str
 
 if TYPE_CHECKING:
     from ringfence.redis.broker import Broker
@@ -69,10 +71,36 @@ async def apresent(broker: Broker, queue: str, job_id: str) -> bool:
     return bool(exists) or dead is not None
 
 
-def queued(broker: Broker, queue: str, job_id: str) -> bool:
-    """Is the job in ``queue`` and not dead (its record is in the jobs hash only then)?"""
-    return bool(broker.sync.hexists(broker.keys.queue(queue).jobs, job_id))
+def _run_of(queues: list[str], specs: list[Any]) -> tuple[str, float] | None:
+    for queue, spec in zip(queues, specs, strict=True):
+        if spec is not None:
+            try:
+                run = float(JobSpec.decode_head(bytes(spec)[:200], len(spec)).enqueued_ms)
+            except BadRecord:
+                run = -1.0  # unreadable: no record can match it, so none is taken for this run's
+            return queue, run
+    return None
 
 
-async def aqueued(broker: Broker, queue: str, job_id: str) -> bool:
-    return bool(await broker.aio.hexists(broker.keys.queue(queue).jobs, job_id))
+def current_run(broker: Broker, job_id: str) -> tuple[str, float] | None:
+    """(queue, run) of the job with this id that is queued, scheduled, running or retrying (not dead), or None.
+    The run is its spec's ``enqueued_ms``: a result record names the run that wrote it. One round trip for the
+    queues, one for their jobs hashes (an id enqueued again may have gone to another queue)."""
+    queues = sorted(_str(q) for q in broker.sync.smembers(broker.keys.queues))
+    if not queues:
+        return None
+    p = broker.sync.pipeline(transaction=False)
+    for queue in queues:
+        p.hget(broker.keys.queue(queue).jobs, job_id)
+    return _run_of(queues, p.execute())
+
+
+async def acurrent_run(broker: Broker, job_id: str) -> tuple[str, float] | None:
+    queues = sorted(_str(q) for q in await broker.aio.smembers(broker.keys.queues))
+    if not queues:
+        return None
+    async with broker.aio.pipeline(transaction=False) as p:
+        for queue in queues:
+            p.hget(broker.keys.queue(queue).jobs, job_id)
+        specs = await p.execute()
+    return _run_of(queues, specs)

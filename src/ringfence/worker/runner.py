@@ -106,7 +106,8 @@ class Runner:
         if task.store_result:
             job = r.job
             try:
-                return Verdict(Outcome.ACK, result=results.done_record(task, job.queue, value, self.clock()))
+                record = results.done_record(task, job.queue, value, self.clock(), a.spec.enqueued_ms)
+                return Verdict(Outcome.ACK, result=record)
             except PayloadError as exc:  # the effect happened: dead-letter keeps the job, retrying would repeat it
                 return Verdict(Outcome.DEAD, results.BAD_RESULT, f"job {job.id}: {exc}")
         return ACK

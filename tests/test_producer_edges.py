@@ -1,0 +1,114 @@
+"""The producer path at its edges, on the shared Redis (private redis-servers where ACLs or a stopped server are
+needed) and with real worker processes (tests/producerapp.py):
+
+- names are checked whole: a final newline in a queue, a job id or a namespace is refused, on the API and the CLI;
+- an explicit job id enqueued again after its run finished: waiters get the new run's result, never the old one;
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from ringfence import App, ConfigError, ResultTimeout
+from support import ROOT, WorkerProc, wait_until
+
+NAME_RULE = "must be 1 to 64 characters"
+
+
+def producer_worker(spawn_worker: Callable[..., WorkerProc], *args: str, env: dict[str, str] | None = None
+                    ) -> WorkerProc:
+    return spawn_worker("--app", "producerapp:app", "--queues", "default", *args, env=env)
+
+
+def declare(app: App) -> dict[str, Any]:
+    """The tasks of producerapp.py, as a producer declares them (same names, so the worker runs them)."""
+
+    @app.task(name="quote", store_result=True)
+    def quote(ctx: Any, n: int) -> dict[str, int]:
+        raise AssertionError("runs in the worker")
+
+    @app.task(name="big", store_result=True)
+    def big(ctx: Any, kib: int) -> str:
+        raise AssertionError("runs in the worker")
+
+    @app.task(name="deep", store_result=True)
+    def deep(ctx: Any, levels: int) -> list[Any]:
+        raise AssertionError("runs in the worker")
+
+    @app.task(name="anything")
+    def anything(ctx: Any, value: Any = None) -> None:
+        raise AssertionError("never run")
+
+    return {"quote": quote, "big": big, "deep": deep, "anything": anything}
+
+
+def ns_keys(rdb: redis.Redis, namespace: str) -> list[bytes]:
+    return sorted(rdb.scan_iter(f"{namespace}:*", count=1000))
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    full = {**{k: v for k, v in os.environ.items() if not k.startswith("RINGFENCE_")},
+            "PYTHONPATH": str(ROOT / "tests"), **env}
+    return subprocess.run([sys.executable, "-m", "ringfence.cli", *args], env=full, capture_output=True, text=True,
+                          timeout=60)
+
+
+# -- names --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("option", [{"queue": "default\n"}, {"job_id": "abc\n"}, {"queue": "a b"},
+                                    {"job_id": "x" * 65}])
+def test_a_name_with_a_final_newline_is_refused_and_nothing_is_stored(
+        make_app: Callable[..., App], rdb: redis.Redis, namespace: str, option: dict[str, str]) -> None:
+    app = make_app()
+    t = declare(app)["anything"]
+    (value,) = option.values()
+    with pytest.raises(ConfigError) as caught:
+        t.with_options(**option).enqueue(value=1)
+    assert repr(value) in str(caught.value) and NAME_RULE in str(caught.value)
+    with pytest.raises(ConfigError, match="default"):
+        app.task(name="declared", queue="default\n")(lambda ctx: None)
+    assert ns_keys(rdb, namespace) == []  # no job, no queue registered
+
+
+def test_a_namespace_or_environment_with_a_final_newline_is_refused(redis_url: str) -> None:
+    for kw in ({"namespace": "nl\n"}, {"environment": "prod\n"}):
+        with pytest.raises(ConfigError) as caught:
+            App(redis_url, **kw)
+        assert repr(next(iter(kw.values()))) in str(caught.value)
+    with pytest.raises(ConfigError, match=r"'abc\\n'"):
+        App(redis_url, "ok").result("abc\n", timeout=0)
+
+
+def test_the_cli_refuses_a_queue_or_namespace_with_a_final_newline(redis_url: str, namespace: str) -> None:
+    env = {"RINGFENCE_REDIS_URL": redis_url, "RINGFENCE_NAMESPACE": namespace}
+    bad_queue = cli("queue", "pause", "default\n", env=env)
+    assert bad_queue.returncode == 2, bad_queue.stderr
+    assert r"queue 'default\n' must be" in bad_queue.stderr and "Traceback" not in bad_queue.stderr
+    bad_ns = cli("info", env={**env, "RINGFENCE_NAMESPACE": "nl\n"})
+    assert bad_ns.returncode == 2, bad_ns.stderr
+    assert r"namespace 'nl\n' must be" in bad_ns.stderr
+
+
+# -- a job id enqueued again --------------------------------------------------------------------------------
+def test_a_reused_job_id_never_answers_with_the_earlier_runs_result(
+        make_app: Callable[..., App], spawn_worker: Callable[..., WorkerProc]) -> None:
+    app = make_app()
+    quote = declare(app)["quote"]
+    w = producer_worker(spawn_worker)
+    assert quote.with_options(job_id="quote-1").enqueue(n=1) == "quote-1"
+    assert app.result("quote-1", timeout=30) == {"n": 1}
+    w.signal(15)
+    assert w.wait() == 0
+    assert quote.with_options(job_id="quote-1").enqueue(n=2) == "quote-1"  # the first run finished: a new job
+    with pytest.raises(ResultTimeout):
+        app.result("quote-1", timeout=0)  # pending: the first run's {"n": 1} is not its result
+    with pytest.raises(ResultTimeout):
+        app.result("quote-1", timeout=0.3)
+    producer_worker(spawn_worker)
+    assert app.result("quote-1", timeout=30) == {"n": 2}
