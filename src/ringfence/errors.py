@@ -13,6 +13,7 @@
     ├── BrokerError            Redis did something the broker did not expect
     │   ├── RedisFull          Redis is at maxmemory: writes that add data (enqueue) are refused
     │   ├── NotReplicated      a durable write reached fewer replicas than asked within its timeout
+    │   ├── NotPermitted       the Redis user may not run a command the call needs (ACL): refused before any write
     │   └── CannotConnect      Redis cannot be reached or refused the login (or its URL is malformed)
     │       └── BadRedisUrl    (also a ConfigError) an unknown scheme or a malformed cluster/Sentinel URL
     ├── ResultError            app.result(job_id) has no result to return
@@ -89,6 +90,11 @@ class RedisFull(BrokerError):
 class NotReplicated(BrokerError):
     """A durable enqueue (``durable=True``/``min_replicas``) reached fewer replicas than asked in time: the job
     is queued on the master, but a failover before it replicates loses it."""
+
+
+class NotPermitted(BrokerError):
+    """The Redis user may not run a command (or touch a key or channel) the call needs (ACL). An enqueue is refused
+    whole, before any write: nothing of it is stored."""
 
 
 class CannotConnect(BrokerError):
