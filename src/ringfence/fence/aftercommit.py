@@ -15,17 +15,19 @@ delivers nothing.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event, exc
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session, SessionTransaction
-from sqlalchemy.util import await_only
 
 from ringfence.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 Deliver = Callable[[list[Any], bool], None]
 _KEY = "ringfence.after_commit"
@@ -35,21 +37,32 @@ _ROOT = "root"  # the tag of items kept in a Connection's outer transaction
 def after_commit(target: Any, item: Any, deliver: Deliver) -> None:
     """Keep ``item`` until ``target`` (Session, Connection, AsyncSession, AsyncConnection) commits its outer
     transaction; a target with no transaction open begins one, as its first statement would."""
-    if isinstance(target, AsyncSession):
+    if _is_async(target, "AsyncSession"):
         _session(target.sync_session, True).keep(item, deliver)
     elif isinstance(target, Session):
         _session(target, False).keep(item, deliver)
-    elif isinstance(target, AsyncConnection):
-        if target.sync_connection is None:
-            raise ConfigError("enqueue_on_commit: the AsyncConnection is not started (use `async with "
-                              "engine.connect() as conn` or `await conn.start()`)")
-        _connection(target.sync_connection, True).keep(target.sync_connection, item, deliver)
+    elif _is_async(target, "AsyncConnection"):
+        _keep_async_connection(target, item, deliver)
     elif isinstance(target, Connection):
         _connection(target, False).keep(target, item, deliver)
     else:
         raise ConfigError(f"enqueue_on_commit: {type(target).__name__} is not a SQLAlchemy Session, Connection, "
                           "AsyncSession or AsyncConnection (for Django pass its connection, or call it inside "
                           "transaction.atomic())")
+
+
+def _is_async(target: Any, name: str) -> bool:
+    """``target`` is SQLAlchemy's AsyncSession/AsyncConnection. Its module is never imported here: it needs
+    greenlet, which an install without async drivers lacks, and an object of it exists only once it is loaded."""
+    module = sys.modules.get("sqlalchemy.ext.asyncio")
+    return module is not None and isinstance(target, getattr(module, name))
+
+
+def _keep_async_connection(target: AsyncConnection, item: Any, deliver: Deliver) -> None:
+    if target.sync_connection is None:
+        raise ConfigError("enqueue_on_commit: the AsyncConnection is not started (use `async with "
+                          "engine.connect() as conn` or `await conn.start()`)")
+    _connection(target.sync_connection, True).keep(target.sync_connection, item, deliver)
 
 
 def kept(target: Any) -> int:
@@ -206,6 +219,8 @@ def run_async(coro: Any) -> bool:
     """Await ``coro`` from a commit hook of an async session or connection (inside SQLAlchemy's greenlet).
     False, ``coro`` closed unstarted, when the commit did not run in that greenlet (the sync session of an
     AsyncSession committed directly): the caller then sends synchronously."""
+    from sqlalchemy.util import await_only  # only an async target gets here: greenlet is installed
+
     try:
         await_only(coro)
     except exc.MissingGreenlet:
