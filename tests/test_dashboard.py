@@ -272,31 +272,6 @@ def test_dashboard_command_without_its_extra_says_how_to_install(monkeypatch, re
                                                "'ringfence[dashboard]' (uvicorn is missing)"]
 
 
-def test_reconcile_page_against_a_provider_table(make_app, tmp_path) -> None:
-    from sqlalchemy import text
-
-    app = make_app(environment="test", fence_url=f"sqlite:///{tmp_path}/f.db")
-    store: FenceStore = app.fence_store
-    store.create_all()
-    for n in (1, 2):
-        store.capture(f"order:{n}", "charge", Owner(f"job{n}", "tok", 30.0), "h", None)
-    with store.engine.begin() as c:
-        c.execute(text("create table callbacks (order_id integer, charge_id text)"))
-        c.execute(text("insert into callbacks values (1, 'ch_a'), (1, 'ch_b'), (2, 'ch_c')"))
-    client = TestClient(create_app(app, read_only=True))
-    alone = client.get("/fences/reconcile?step=charge").text
-    assert "2 fence row(s), no effect(s)" in alone
-    wrong = client.get("/fences/reconcile?step=charge&table=nope&subject_column=order_id").text
-    assert "NoSuchTableError" in wrong
-    found = client.get("/fences/reconcile", params={"step": "charge", "table": "callbacks",
-                                                    "subject_column": "order_id", "reference_column": "charge_id",
-                                                    "subject_template": "order:{}"}).text
-    assert "2 fence row(s), 3 effect(s)" in found
-    row = re.search(r'data-finding="double_effects"><td>double_effects</td><td class="num[^"]*">(\d+)<', found)
-    assert row is not None and row.group(1) == "1"
-    assert 'href="/fences/reconcile?step=charge"' in client.get("/fences").text
-
-
 def test_chart_buckets_sum_counts_and_keep_the_peak_of_latency() -> None:
     from ringfence.dashboard.charts import buckets, line_chart
 

@@ -31,6 +31,7 @@ from ringfence.tasks import Registry, RetryDelay, Task, check_result_options, ch
 
 if TYPE_CHECKING:
     from ringfence.fence.failed import FailedJobs
+    from ringfence.fence.provider import ProviderTable
     from ringfence.fence.store import FenceStore
     from ringfence.redis.fence import RedisFenceStore
 
@@ -109,6 +110,7 @@ class App:
         self.dead_hooks: list[DeadHook] = []
         self.alert_hooks: list[AlertHook] = []
         self.alert_rules: Any = None  # ringfence.alerts.AlertRules for workers' alert loop; None: the defaults
+        self.reconcile_sources: dict[str, ProviderTable | Callable[[], Iterable[Any]]] = {}
         self._runtime: Runtime | None = None
         self._runtime_lock = threading.Lock()
 
@@ -248,6 +250,15 @@ class App:
         check(policy.problems(dependency))
         self.breakers[check_name("dependency", dependency)] = policy
         return policy
+
+    def reconcile_source(self, step: str, source: ProviderTable | Callable[[], Iterable[Any]]) -> None:
+        """The provider's records of fence step ``step``, which the dashboard's reconcile page compares with the
+        fence rows: a ``ProviderTable`` (ringfence.fence.provider) or a function returning ``reconcile.Effect``s."""
+        if not (callable(source) or hasattr(source, "problems")):
+            raise ConfigError(f"reconcile_source({step!r}, ...): give a ProviderTable or a function, got {source!r}")
+        if not callable(source):
+            check(source.problems())
+        self.reconcile_sources[step] = source
 
     def limit_queue(self, queue: str, concurrency: int) -> None:
         """At most ``concurrency`` jobs of ``queue`` run at once across all workers."""

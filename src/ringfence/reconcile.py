@@ -194,3 +194,20 @@ def read_table(app_or_store: Any, table: str, *, subject_column: str, reference_
     for subject, reference, key in table_records(store, table, [subject_column, reference_column, key_column]):
         yield Effect(subject_template.format(subject), None if reference is None else str(reference),
                      None if key is None else str(key))
+
+
+def declared_effects(app: Any, step: str) -> list[Effect] | None:
+    """The provider's records of ``step`` from the source the App declares (``app.reconcile_source``), or None
+    when it declares none. A function's items must be :class:`Effect`; a table's rows become effects."""
+    from ringfence.errors import ConfigError
+
+    source = app.reconcile_sources.get(step)
+    if source is None:
+        return None
+    if not callable(source):
+        return [Effect(s, r, k) for s, r, k in source.rows(app.fence_store)]
+    found = list(source())
+    wrong = next((e for e in found if not isinstance(e, Effect)), None)
+    if wrong is not None:
+        raise ConfigError(f"the reconcile source of step {step!r} returned {type(wrong).__name__}, not Effect")
+    return found

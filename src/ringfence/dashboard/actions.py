@@ -7,11 +7,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from ringfence import inspect, jobs
+from ringfence.dashboard import views
 from ringfence.dashboard.page import BadInput, whole
 from ringfence.dashboard.security import AUTH_COOKIE, csrf_ok, same, token_proof
 from ringfence.errors import RingfenceError
@@ -142,6 +144,22 @@ async def _resolve(d: Dashboard, request: Request, form: Any) -> Response:
                  msg=f"{subject}/{step}: now {row.state} (epoch {row.epoch}); replay its job to finish it")
 
 
+async def _reconcile(d: Dashboard, request: Request, form: Any) -> Response:
+    """Reconcile one step against the provider's records the App declares: the request names the step only."""
+    step = str(form.get("step", ""))
+
+    def work() -> tuple[str, str, Any]:
+        source, error = views.reconcile_step(d.app, step)
+        if error:
+            return source, error, None
+        report, error = views.reconcile(d.app, step, d.redact)
+        return source, error, report
+
+    source, error, report = await run_in_threadpool(work)
+    return d.render(request, "reconcile.html", page="reconcile", step=step, source=source, error=error,
+                    report=report, declared=step in d.app.reconcile_sources, status=404 if not source else 200)
+
+
 def routes(d: Dashboard) -> list[Route]:
     async def login(request: Request) -> Response:
         return await _login(d, request)
@@ -156,6 +174,7 @@ def routes(d: Dashboard) -> list[Route]:
         Route("/actions/purge", _guarded(d, _purge), methods=["POST"]),
         Route("/actions/dead", _guarded(d, _dead), methods=["POST"]),
         Route("/actions/resolve", _guarded(d, _resolve), methods=["POST"]),
+        Route("/fences/reconcile", _guarded(d, _reconcile), methods=["POST"]),
     ]
 
 

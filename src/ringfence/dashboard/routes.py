@@ -70,13 +70,10 @@ def build(app: App, *, read_only: bool, token: str | None, authorize: Any, redac
         return d.render(request, "doctor.html", page="doctor", findings=d.doctor.findings(app))
 
     def reconcile(request: Request) -> Response:
-        q = request.query_params
-        form = {"table": q.get("table", "").strip(), "subject_column": q.get("subject_column", "").strip() or "subject",
-                "reference_column": q.get("reference_column", "").strip(),
-                "subject_template": q.get("subject_template", "").strip() or "{}"}
-        step = q.get("step", "").strip()
-        report, error = views.reconcile(app, step, form)
-        return d.render(request, "reconcile.html", page="reconcile", step=step, form=form, report=report, error=error)
+        step = request.query_params.get("step", "")
+        source, error = views.reconcile_step(app, step)
+        return d.render(request, "reconcile.html", page="reconcile", step=step, source=source, error=error,
+                        report=None, status=404 if error else 200)
 
     static = StaticFiles(packages=[("ringfence.dashboard", "static")])
     routes = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -9,6 +10,8 @@ from ringfence.dashboard.charts import buckets, line_chart
 from ringfence.inspect import queue_gauges
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ringfence.app import App
 
 
@@ -89,19 +92,40 @@ class DoctorView:
         return run_checks(Context(app, before, after, Thresholds(sample_s=self.min_gap_s)))
 
 
-def reconcile(app: App, step: str, form: dict[str, str]) -> tuple[dict[str, Any] | None, str]:
-    """``ringfence reconcile`` for one step, on demand: (report as a dict, or None; a one-line error)."""
+def reconcile_step(app: App, step: str) -> tuple[str, str]:
+    """(what the page says about the provider's records of ``step``, a one-line error or "")."""
     if app.fence_store_in_use() is None:
-        return None, "no fence database configured"
-    if not step:
-        return None, "name a step"
-    from ringfence.reconcile import read_table
+        return "", "no fence database configured (App(fence_url=...) or RINGFENCE_FENCE_URL)"
+    from ringfence.fence.reads import state_counts
+
+    if step not in app.reconcile_sources and step not in state_counts(app.fence_store):
+        return "", f"no fence step {step[:80]!r}"
+    source = app.reconcile_sources.get(step)
+    if source is None:
+        return "none declared (app.reconcile_source): the fence rows are checked alone", ""
+    if callable(source):
+        return f"the function {getattr(source, '__qualname__', repr(source))}", ""
+    ref = f", reference column {source.reference_column}" if source.reference_column else ""
+    return f"the table {source.table} (subject column {source.subject_column}{ref})", ""
+
+
+def reconcile(app: App, step: str, redact: Callable[[Any], Any]) -> tuple[dict[str, Any] | None, str]:
+    """``ringfence reconcile`` of one step against what the App declares for it: (report, or None; one line)."""
+    from ringfence.errors import RingfenceError
+    from ringfence.reconcile import declared_effects
     from ringfence.reconcile import reconcile as run
 
     try:
-        effects = read_table(app, form["table"], subject_column=form["subject_column"],
-                             reference_column=form["reference_column"] or None,
-                             subject_template=form["subject_template"]) if form["table"] else None
-        return run(app, step, effects).to_dict(), ""
-    except Exception as exc:  # a wrong table or column name: say so on the page
-        return None, f"{type(exc).__name__}: {exc}".splitlines()[0]
+        report = run(app, step, declared_effects(app, step)).to_dict()
+    except RingfenceError as exc:
+        return None, str(exc).splitlines()[0]
+    for item in report["stale_in_doubt"]:  # the stored request is JSON: decoded, so redaction sees its fields
+        item["request"] = redact(_decoded(item.get("request")))
+    return report, ""
+
+
+def _decoded(raw: Any) -> Any:
+    try:
+        return json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return raw
