@@ -3,10 +3,12 @@ needed) and with real worker processes (tests/producerapp.py):
 
 - names are checked whole: a final newline in a queue, a job id or a namespace is refused, on the API and the CLI;
 - an explicit job id enqueued again after its run finished: waiters get the new run's result, never the old one;
+- an enqueue the Redis user may not finish (ACL) is refused before any write: nothing is left behind;
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -16,7 +18,8 @@ from typing import Any
 import pytest
 import redis
 
-from ringfence import App, ConfigError, ResultTimeout
+from ringfence import App, BrokerError, ConfigError, ResultTimeout
+from ringfence.redis.embedded import EmbeddedRedis
 from support import ROOT, WorkerProc, wait_until
 
 NAME_RULE = "must be 1 to 64 characters"
@@ -112,3 +115,47 @@ def test_a_reused_job_id_never_answers_with_the_earlier_runs_result(
         app.result("quote-1", timeout=0.3)
     producer_worker(spawn_worker)
     assert app.result("quote-1", timeout=30) == {"n": 2}
+
+
+# -- an enqueue refused by an ACL ---------------------------------------------------------------------------
+#: The least-privilege user of docs/deployment.md (tests/test_acl.py), minus one command.
+ACL = "on >s3cret resetkeys ~{ns}:* resetchannels &{ns}:* -@all +@read +@write +@scripting +@pubsub " \
+      "+@connection +@transaction +time +info -@dangerous -{denied}"
+
+MANY = [{"value": i} for i in range(50)]
+
+
+async def aenqueue_many(app: App, task: Any, payloads: list[Any], **options: Any) -> list[str]:
+    try:
+        return await app.aenqueue_many(task, payloads, **options)
+    finally:
+        await app.broker.aclose()  # its connections belong to this event loop
+
+REFUSED: dict[str, tuple[str, Callable[[App, Any], Any]]] = {
+    "an id of the caller's": ("lpush", lambda app, t: t.with_options(job_id="order-1").enqueue(value=1)),
+    "scheduled": ("zadd", lambda app, t: t.with_options(job_id="order-1", delay_s=60).enqueue(value=1)),
+    "unique": ("hset", lambda app, t: t.with_options(unique_for=60).enqueue(value=1)),
+    "plain, inline": ("hincrby", lambda app, t: t.enqueue(value=1)),
+    "many, inline": ("hincrby", lambda app, t: app.enqueue_many(t, MANY)),
+    "many, unique": ("lpush", lambda app, t: app.enqueue_many(t, MANY, unique_for=60)),
+    "async many": ("lpush", lambda app, t: asyncio.run(aenqueue_many(app, t, MANY, unique_for=60))),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_an_enqueue_refused_by_an_acl_leaves_nothing_behind(private_redis: EmbeddedRedis, namespace: str,
+                                                            case: str) -> None:
+    denied, enqueue = REFUSED[case]
+    admin = redis.Redis.from_url(private_redis.url)
+    admin.execute_command("ACL", "SETUSER", "producer", *ACL.format(ns=namespace, denied=denied).split())
+    url = private_redis.url.replace("redis://", "redis://producer:s3cret@")
+    app = App(url, namespace, environment="test")
+    t = declare(app)["anything"]
+    for _ in range(2):  # a retried enqueue is refused again: it never reports a job that is not queued
+        with pytest.raises(BrokerError) as caught:
+            enqueue(app, t)
+        assert denied.upper() in str(caught.value) and "ACL" in str(caught.value)
+        assert "\n" not in str(caught.value)
+        assert isinstance(caught.value.__cause__, redis.ResponseError)
+    left = [k for k in ns_keys(admin, namespace) if not k.endswith(b":queues")]
+    assert left == []  # no job record, no unique hold, no counter: the queue name alone was registered

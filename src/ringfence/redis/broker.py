@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import orjson
 import redis
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError, OutOfMemoryError
+from redis.exceptions import NoPermissionError, NoScriptError, OutOfMemoryError
 
 from ringfence.redis.admin import Admin
 from ringfence.redis.call import Call, _ids, _str
@@ -26,6 +26,7 @@ from ringfence.redis.connection import (
     Health,
     RedisClients,
     full_error,
+    not_permitted,
     url_clients,
 )
 from ringfence.redis.direct import AsyncDirectCalls, DirectCalls
@@ -204,6 +205,8 @@ class Broker(Reads, Admin):
                        else self.sync.evalsha(sha, len(call.keys), *call.keys, *call.args))
         except OutOfMemoryError as exc:
             raise full_error(_shown(call.name), self._node_memory(call.keys[0] if call.keys else "")) from exc
+        except NoPermissionError as exc:
+            raise not_permitted(_shown(call.name), exc) from exc
         except UNAVAILABLE as exc:
             if report:
                 self.health.lost(exc)
@@ -227,6 +230,8 @@ class Broker(Reads, Admin):
                        else await self.aio.evalsha(sha, len(call.keys), *call.keys, *call.args))
         except OutOfMemoryError as exc:
             raise full_error(_shown(call.name), await self._anode_memory(call.keys[0] if call.keys else "")) from exc
+        except NoPermissionError as exc:
+            raise not_permitted(_shown(call.name), exc) from exc
         except UNAVAILABLE as exc:
             await self._unavailable(exc)
             raise

@@ -31,7 +31,7 @@ from redis.connection import parse_url
 from redis.exceptions import ClusterDownError, ReadOnlyError, TryAgainError
 from redis.retry import Retry
 
-from ringfence.errors import BadRedisUrl, RedisFull
+from ringfence.errors import BadRedisUrl, NotPermitted, RedisFull
 
 log = logging.getLogger("ringfence.redis")
 
@@ -243,6 +243,14 @@ def full_error(what: str, memory: dict[str, Any]) -> RedisFull:
     policy = memory.get("maxmemory_policy", "?")
     return RedisFull(f"Redis is full (maxmemory {_mb(limit)} reached, policy {policy}): {what} refused; free memory "
                      "or raise maxmemory (running jobs still finish: leases, acks and retries work when full)")
+
+
+def not_permitted(what: str, exc: Exception) -> NotPermitted:
+    """The one line for a call the Redis user may not run (ACL); the scripts that add jobs say which command."""
+    said = str(exc).strip()
+    if not said.startswith(what):
+        said = f"{what} refused: {said} (ACL); grant it, see docs/deployment.md"
+    return NotPermitted(said)
 
 
 def _mb(n: int) -> str:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-import hiredis
 import redis
-from redis.exceptions import NoScriptError, OutOfMemoryError
+from redis.exceptions import NoPermissionError, NoScriptError, OutOfMemoryError
 
-from ringfence.redis.connection import UNAVAILABLE, Health, full_error
-from ringfence.redis.direct import DirectCalls
+from ringfence.redis.connection import UNAVAILABLE, Health, full_error, not_permitted
+from ringfence.redis.direct import DirectCalls, pack
 from ringfence.redis.keys import QueueKeys
 from ringfence.redis.scripts import script
 
@@ -44,7 +43,7 @@ class ReadyEnqueue:
         # '*14' (EVALSHA, sha, numkeys, 8 keys, the wake channel, now, the job), then the first 12 arguments
         head = ("EVALSHA", sha, 8, k.pending, k.idle, k.stats, k.jobs, k.active, k.lease, k.attempts,
                 k.idle_lease, k.wake)
-        self._head = b"*14" + hiredis.pack_command(head)[3:]  # type: ignore[arg-type]  # its stub: a 1-tuple
+        self._head = b"*14" + pack(head)[3:]
 
     def send(self, job_id: str, spec: bytes, now_ms: int) -> bool:
         """True once Redis took the job; False, sending nothing, when the broker has no kept connections (then
@@ -64,6 +63,8 @@ class ReadyEnqueue:
                 direct.send(packed)
         except OutOfMemoryError as exc:
             raise full_error("enqueue", broker.memory_infos()[0]) from exc  # a plain client: one node
+        except NoPermissionError as exc:
+            raise not_permitted("enqueue", exc) from exc
         except UNAVAILABLE as exc:
             broker.health.lost(exc)
             raise

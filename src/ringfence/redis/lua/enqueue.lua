@@ -17,13 +17,21 @@
 -- running job that holds the unique key.
 local now = tonumber(ARGV[1])
 --@include add_job
--- Check every argument before the first write: a script that fails half-way keeps its writes, and a job
--- stored but never queued would never run.
+--@include allowed
+-- Check every argument and every command (ACL) before the first write: a script that fails half-way keeps
+-- its writes, and a job stored but never queued would never run.
 for i = 4, #ARGV, 5 do
   if not tonumber(ARGV[i + 2]) or not tonumber(ARGV[i + 4]) then
     return redis.error_reply('enqueue: run-at and hold end of job ' .. ARGV[i] .. ' must be numbers')
   end
 end
+local refused = allowed('enqueue', {
+  {'HSETNX', KEYS[1], 'id', 'spec'}, {'HGET', KEYS[1], 'id'}, {'HEXISTS', KEYS[1], 'id'}, {'LPUSH', KEYS[2], 'id'},
+  {'ZADD', KEYS[3], '0', 'id'}, {'ZCOUNT', KEYS[4], '0', '0'}, {'HINCRBY', KEYS[5], 'enqueued', '1'},
+  {'HGET', KEYS[6], 'key'}, {'HSET', KEYS[6], 'key', 'id'}, {'HDEL', KEYS[6], 'key'},
+  {'ZRANGEBYSCORE', KEYS[7], '0', '0'}, {'ZSCORE', KEYS[7], 'key'}, {'ZADD', KEYS[7], '0', 'key'},
+  {'ZREM', KEYS[7], 'key'}, {'PUBLISH', ARGV[2], '1'}})
+if refused then return refused end
 forget_stale_holds(now)
 local out, added, ready, inline_max = {}, 0, 0, tonumber(ARGV[3])
 for i = 4, #ARGV, 5 do

@@ -26,13 +26,27 @@ if not now then
 end
 local n = #ARGV - 2
 if n < 1 then return {} end
+--@include allowed
+-- Every command this call may run is allowed (ACL) before its first write: the leasing ones only when it leases.
+local refused = allowed('enqueue', {{'LPUSH', KEYS[1], 'job'}, {'HINCRBY', KEYS[3], 'enqueued', '1'},
+  {'ZCOUNT', KEYS[2], '0', '0'}})
+if refused then return refused end
+local idle = redis.call('ZCOUNT', KEYS[2], ARGV[2], '+inf') > 0  -- ARGV[2], not now: a Lua number is formatted per call
+if idle then
+  refused = allowed('enqueue', {{'ZRANGEBYSCORE', KEYS[2], '0', '0'}, {'ZREM', KEYS[2], 'w'},
+    {'LINDEX', KEYS[1], '-1'}, {'RPOP', KEYS[1]}, {'HGET', KEYS[8], 'w'}, {'HDEL', KEYS[8], 'w'},
+    {'HEXISTS', KEYS[4], 'id'}, {'HSET', KEYS[4], 'id', 'spec'}, {'HGET', KEYS[7], 'id'}, {'HSET', KEYS[7], 'id', '1'},
+    {'ZADD', KEYS[5], '0', 'id'}, {'HSET', KEYS[6], 'id', 'token'}, {'PUBLISH', ARGV[1] .. ':w', 'job'},
+    {'PUBLISH', ARGV[1], '1'}})
+  if refused then return refused end
+end
 for i = 3, #ARGV, 1000 do  -- one LPUSH per 1,000 jobs: unpack is bounded by Lua's C stack
   redis.call('LPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
 redis.call('HINCRBY', KEYS[3], 'enqueued', n)
 local out = {}
 for i = 1, n do out[i] = 1 end
-if redis.call('ZCOUNT', KEYS[2], ARGV[2], '+inf') == 0 then return out end  -- ARGV[2], not now: a Lua number is formatted per call
+if not idle then return out end
 local left = n
 for _, worker in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], ARGV[2], '+inf')) do
   local entry = redis.call('LINDEX', KEYS[1], -1)  -- the oldest ready job, as a fetch would take it
