@@ -19,9 +19,7 @@ Metric names (all prefixed ``ringfence_``): see docs/observability.md.
 
 from __future__ import annotations
 
-import math
 import threading
-from bisect import bisect_left
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -70,23 +68,20 @@ class _Histogram(_Counted, Histogram):
     pass
 
 
-_LATENCY_BOUNDS = (*LATENCY_BUCKETS, math.inf)
-_DURATION_BOUNDS = (*DURATION_BUCKETS, math.inf)
+_HELD = 256  # observations of one (task, queue) held at most before they are counted in (memory stays bounded)
 
 
 class _Tally:
-    """The observations of one (task, queue) not yet counted into its prometheus children; the histograms' sums
-    are running totals, added up in the order prometheus-client would have (the same float, to the last bit)."""
+    """The observations of one (task, queue) not yet counted into its prometheus children (in the order made)."""
 
-    __slots__ = ("children", "duration", "duration_sum", "failed", "finished", "latency", "latency_sum", "started")
+    __slots__ = ("children", "duration", "failed", "finished", "latency", "started")
 
     def __init__(self, children: tuple[Any, Any, Any, Any]) -> None:
         self.children = children  # started, latency, duration, failed
         self.started = self.failed = 0
         self.finished: dict[Any, int] = {}  # the finished counter's child per outcome -> count
-        self.latency = [0] * len(_LATENCY_BOUNDS)
-        self.duration = [0] * len(_DURATION_BOUNDS)
-        self.latency_sum = self.duration_sum = 0.0
+        self.latency: list[float] = []
+        self.duration: list[float] = []
 
 
 class Metrics:
@@ -134,8 +129,9 @@ class Metrics:
         with self._lock:
             t = self._tallies.get((task, queue)) or self._tally(task, queue)
             t.started += 1
-            t.latency[bisect_left(_LATENCY_BOUNDS, latency_s)] += 1
-            t.latency_sum += latency_s
+            t.latency.append(latency_s)
+            if len(t.latency) >= _HELD:
+                _observe(t.children[1], t.latency)
 
     def job_finished(self, task: str, queue: str, outcome: str, duration_s: float) -> None:
         """An attempt's outcome was recorded. ``outcome`` ∈ ack, retry, dead, requeue (a lost lease records
@@ -151,8 +147,9 @@ class Metrics:
             t.finished[finished] = t.finished.get(finished, 0) + 1
             if outcome in ("retry", "dead"):
                 t.failed += 1
-            t.duration[bisect_left(_DURATION_BOUNDS, observed)] += 1
-            t.duration_sum += observed
+            t.duration.append(observed)
+            if len(t.duration) >= _HELD:
+                _observe(t.children[2], t.duration)
             self._recent[task].append(duration_s)
 
     def count(self) -> None:
@@ -170,8 +167,8 @@ class Metrics:
                     for child, n in t.finished.items():
                         child.inc(n)
                     t.finished.clear()
-                _add(latency, t.latency, t.latency_sum)
-                _add(duration, t.duration, t.duration_sum)
+                _observe(latency, t.latency)
+                _observe(duration, t.duration)
 
     def fence_outcome(self, step: str, outcome: str) -> None:
         """A fence event: captured (a new row), skipped_done (the second run is empty), resumed (took over
@@ -212,13 +209,11 @@ class Metrics:
         return server
 
 
-def _add(histogram: Any, held: list[int], total: float) -> None:
-    """Held bucket counts into a histogram child (emptied), its sum set to the running total."""
-    for i, n in enumerate(held):
-        if n:
-            histogram._buckets[i].inc(n)
-            held[i] = 0
-    histogram._sum.set(total)
+def _observe(histogram: Any, held: list[float]) -> None:
+    """Held values into a histogram child, in order (emptied)."""
+    for value in held:
+        histogram.observe(value)
+    held.clear()
 
 
 class _BreakerCollector(Collector):

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from ..errors import ConfigError, FencedOut
 from ..faults import fault_point
 from ..offloop import in_thread
-from .dbretry import NO_RETRY, DbRetry, aretrying, is_disconnect, retrying
+from .dbretry import NO_RETRY, DbRetry, aretrying, is_disconnect, retrying, told
 from .lazy import lazy_completion, take_spare, unsent
 
 Stale = Callable[[], FencedOut]
@@ -115,7 +115,7 @@ async def anaming_databases(inner: AbstractAsyncContextManager[Any], db: Any, ta
 
 def _begin(db: Engine, stmt: Bound, stale: Stale) -> tuple[AbstractContextManager[Any], Connection]:
     """Begin a transaction on ``db`` and run the fence's UPDATE as its first statement."""
-    tx: Any = _PgBegin(db) if db.dialect.driver == "psycopg" else db.begin()
+    tx: Any = _PgBegin(db) if _pipelined(db.dialect) else db.begin()
     try:
         conn = tx.__enter__()
         rowcount = tx.first(stmt) if isinstance(tx, _PgBegin) else conn.execute(stmt.stmt, stmt.params).rowcount
@@ -152,9 +152,21 @@ class _PgBegin:
 
 def first_statement(conn: Connection, stmt: Bound) -> int:
     """Run the fence's UPDATE as the first statement of ``conn``'s transaction; its rowcount."""
-    if conn.dialect.driver == "psycopg" and not conn.dialect.is_async:
+    if _pipelined(conn.dialect):
         return pg_first(conn, stmt)
     return int(conn.execute(stmt.stmt, stmt.params).rowcount)
+
+
+def _pipelined(dialect: Dialect) -> bool:
+    """Sync psycopg, where :func:`pg_first` can hand an error to SQLAlchemy's own handler (private: checked)."""
+    if dialect.driver != "psycopg" or dialect.is_async:
+        return False
+    if not _ERROR_HANDLER:
+        told("a fenced transaction sends BEGIN alone: SQLAlchemy's Connection has no _handle_dbapi_exception")
+    return _ERROR_HANDLER
+
+
+_ERROR_HANDLER = hasattr(Connection, "_handle_dbapi_exception")
 
 
 def pg_first(conn: Connection, stmt: Bound) -> int:

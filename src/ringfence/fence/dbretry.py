@@ -174,10 +174,20 @@ def _rollback_if_open(dbapi_conn: Any, record: Any, state: Any) -> None:
     if not isinstance(status, int) or status & _IN_TRANS:
         dbapi_conn.rollback()
 
+_told: set[str] = set()
+
+
+def told(reason: str) -> None:
+    """Log ``reason`` (a fast path not taken) once per process."""
+    if reason not in _told:
+        _told.add(reason)
+        log.info("%s", reason)
+
 
 def skip_idle_ends(engine: Engine) -> None:
     """An autocommit PyMySQL engine: SQLAlchemy still ends each use with ``rollback()``, which PyMySQL always sends
-    (a round trip). Send COMMIT / ROLLBACK only when the server said a transaction is open."""
+    (a round trip). Send COMMIT / ROLLBACK only when the server said a transaction is open (a driver connection
+    without ``server_status`` gets them always). A dialect whose methods cannot be replaced keeps its own."""
     dialect: Any = engine.dialect
     real_commit, real_rollback = dialect.do_commit, dialect.do_rollback
 
@@ -189,7 +199,10 @@ def skip_idle_ends(engine: Engine) -> None:
         if _open(dbapi_conn):
             real_rollback(dbapi_conn)
 
-    dialect.do_commit, dialect.do_rollback = do_commit, do_rollback
+    try:
+        dialect.do_commit, dialect.do_rollback = do_commit, do_rollback
+    except (AttributeError, TypeError) as exc:  # a dialect with slots or read-only methods
+        told(f"the fence's autocommit engine sends every COMMIT / ROLLBACK: {exc}")
 
 
 def _open(dbapi_conn: Any) -> bool:

@@ -28,8 +28,8 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from .dbretry import _PG_GONE, _PG_GONE_TEXT
-from .pgwire import PgForm, Wire, pg_form, values
+from .dbretry import _PG_GONE, _PG_GONE_TEXT, told
+from .pgwire import MISSING, PgForm, Wire, pg_form, values
 
 T = TypeVar("T")
 # Connections kept idle at most. They stay checked out of their engine, so that engine has no overflow limit: a
@@ -45,10 +45,10 @@ class Sql:
 
     def __init__(self, stmt: Any, dialect: Any) -> None:
         compiled: Any = stmt.compile(dialect=dialect)
-        if compiled._bind_processors or compiled.literal_execute_params or compiled.post_compile_params:
+        if _processed(compiled, dialect) or compiled.literal_execute_params or compiled.post_compile_params:
             raise ValueError("a statement with bind processing or expanding parameters needs SQLAlchemy's path")
         self.text: str = compiled.string
-        self.params: dict[str, Any] = compiled.construct_params(_check=False)  # literals: the state it writes
+        self.params: dict[str, Any] = dict(compiled.params)  # the values fixed in it: the state it writes
         self.names: list[str] | None = None  # result columns, learned from the first answer
         self.pg: PgForm | None = None  # a kept statement on psycopg: its prepared form (pgwire.py)
 
@@ -349,9 +349,19 @@ class AsyncDirect(_Kept):
         await self._close_dead()
 
 
+def _processed(compiled: Any, dialect: Any) -> bool:
+    """Does any parameter of ``compiled`` go through a type's bind processor (which only SQLAlchemy's path runs)?"""
+    return any(b.type.dialect_impl(dialect).bind_processor(dialect) is not None for b in compiled.binds.values())
+
+
 def _wire(dialect: Any, raw: Any) -> Wire | None:
     """psycopg's libpq connection for the kept statements (pgwire.py), where it can take them."""
-    return Wire(raw) if dialect.driver == "psycopg" and Wire.usable(raw) else None
+    if dialect.driver != "psycopg":
+        return None
+    if MISSING:
+        told(f"the fence's statements go through psycopg's cursor: {MISSING}")
+        return None
+    return Wire(raw) if Wire.usable(raw) else None
 
 
 def _result(sql: Sql, wire: Wire, res: Any) -> Result:

@@ -25,13 +25,24 @@ from collections.abc import Generator
 from contextlib import suppress
 from typing import Any
 
+# psycopg is the postgres extra: without it no connection is psycopg's and no Wire is made. Where psycopg is
+# there but its libpq wrapper or its loaders are not as read here, MISSING says what and no Wire is made either.
 try:
     from psycopg import errors, pq
     from psycopg.adapt import Transformer
 
     _OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
-except ImportError:  # psycopg is the postgres extra: without it no connection is psycopg's and no Wire is made
-    pass
+except ImportError as exc:
+    MISSING = f"{exc.name or 'psycopg'} is not importable ({exc})"
+else:
+    _PGCONN = ("enter_pipeline_mode", "exit_pipeline_mode", "send_prepare", "send_query_prepared", "pipeline_sync",
+               "exec_prepared", "flush", "consume_input", "is_busy", "get_result", "parameter_status", "socket",
+               "pipeline_status", "get_error_message", "status")
+    _absent = [f"PGconn.{a}" for a in _PGCONN if not hasattr(pq.PGconn, a)]
+    _absent += [f"Transformer.{a}" for a in ("set_pgresult", "load_rows") if not hasattr(Transformer, a)]
+    _absent += [f"pq.{a}" for a in ("version", "ExecStatus", "PipelineStatus", "ConnStatus") if not hasattr(pq, a)]
+    _absent += [] if hasattr(errors, "error_from_result") else ["errors.error_from_result"]
+    MISSING = f"psycopg has no {', '.join(_absent)}" if _absent else ""
 
 _READ, _WRITE = 1, 2
 _PYFORMAT = re.compile(r"%\((\w+)\)s|%%")
@@ -101,8 +112,10 @@ class Wire:
 
     @staticmethod
     def usable(raw: Any) -> bool:
-        """UTF-8 client encoding (parameters are encoded so) and a libpq with pipeline mode."""
-        return bool(raw.pgconn.parameter_status(b"client_encoding") == b"UTF8" and pq.version() >= 140000)
+        """psycopg's libpq wrapper as read here (:data:`MISSING` empty), UTF-8 client encoding (parameters are
+        encoded so) and a libpq with pipeline mode."""
+        return bool(not MISSING and raw.pgconn.parameter_status(b"client_encoding") == b"UTF8"
+                    and pq.version() >= 140000)
 
     def exchange(self, form: PgForm, args: list[bytes | None]) -> Generator[int, None, pq.abc.PGresult]:
         """Send one execution (with its ``Parse`` the first time) and read the answer: yields ``_READ`` /

@@ -15,18 +15,49 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
+import logging
 import os
 import time
 from typing import Any
 
-import hiredis
 import redis
 import redis.asyncio as aioredis
-from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser, _HiredisParser
 
+
+def _load() -> tuple[Any, Any, str]:
+    """hiredis, redis-py's (private) hiredis parser module, and what is missing from them ('' if nothing)."""
+    try:
+        import hiredis
+
+        parsers = importlib.import_module("redis._parsers.hiredis")
+    except ImportError as exc:
+        return None, None, f"{exc.name or 'hiredis'} is not importable"
+    wanted = ("NOT_ENOUGH_DATA", "_HiredisParser", "_AsyncHiredisParser")
+    missing = [f"redis._parsers.hiredis.{name}" for name in wanted if not hasattr(parsers, name)]
+    missing += [] if hasattr(hiredis, "pack_command") else ["hiredis.pack_command"]
+    return hiredis, parsers, (f"{', '.join(missing)} not found" if missing else "")
+
+
+# When redis-py moves or changes its parser module, every call takes redis-py's public path.
+hiredis, _parsers, _MISSING = _load()
+NOT_ENOUGH_DATA: Any = getattr(_parsers, "NOT_ENOUGH_DATA", None)
+_HiredisParser: Any = getattr(_parsers, "_HiredisParser", None)
+_AsyncHiredisParser: Any = getattr(_parsers, "_AsyncHiredisParser", None)
+
+log = logging.getLogger("ringfence.redis")
 _CLOSED = "Connection closed by server."
 _HIGH_WATER = 1 << 16  # bytes left in a transport's buffer past which a write waits for it to drain
-_PUSH = getattr(hiredis, "PushNotification", None)  # hiredis >= 3.2 marks RESP3 push messages
+# hiredis >= 3.2 marks RESP3 push messages; redis-py < 6.2 has no handle_push_response to give them to.
+_PUSH = (getattr(hiredis, "PushNotification", None)
+         if hasattr(_HiredisParser, "handle_push_response") and hasattr(_AsyncHiredisParser, "handle_push_response")
+         else None)
+_KNOWN_SYNC = (redis.Connection, redis.SSLConnection, redis.UnixDomainSocketConnection)
+_KNOWN_ASYNC = (aioredis.Connection, aioredis.SSLConnection, aioredis.UnixDomainSocketConnection)
+_SYNC_ATTRS = ("_sock", "_parser", "health_check_interval", "next_health_check", "protocol")
+_ASYNC_ATTRS = ("_reader", "_writer", "_parser", "health_check_interval", "next_health_check", "protocol",
+                "socket_timeout")
+_told: set[str] = set()  # reasons already logged: one line per process, not one per client
 _ERRORS = (redis.ResponseError, redis.ConnectionError)  # replies that hiredis hands back as exceptions
 _forks = [0]  # forks of this process so far, counted in the child (cheaper than a getpid system call per call)
 os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
@@ -41,13 +72,15 @@ class DirectCalls:
     @staticmethod
     def usable(client: Any) -> bool:
         """Only a plain client on a plain pool: not a cluster, a subclass or a single-connection client, and not
-        Sentinel (its pool finds the master when it hands out a connection, not when one is made)."""
+        Sentinel (its pool finds the master when it hands out a connection, not when one is made); and only when
+        redis-py's internals are those this module reads (see :func:`unknown`)."""
         return (type(client) is redis.Redis and getattr(client, "connection", None) is None
-                and type(client.connection_pool) in (redis.ConnectionPool, redis.BlockingConnectionPool))
+                and type(client.connection_pool) in (redis.ConnectionPool, redis.BlockingConnectionPool)
+                and not _refused(unknown(client.connection_pool, _KNOWN_SYNC, _SYNC_ATTRS)))
 
     def call(self, *args: Any) -> Any:
         try:
-            packed = hiredis.pack_command(args)  # the bytes redis-py's own packer sends
+            packed = pack(args)  # the bytes redis-py's own packer sends
         except TypeError as exc:
             raise redis.DataError(exc) from None
         return self.send(packed)
@@ -97,14 +130,14 @@ class DirectCalls:
                 n = sock.recv_into(buffer)
                 if not n:
                     raise redis.ConnectionError(_CLOSED)
-                reader.feed(buffer, 0, n)  # type: ignore[arg-type]  # hiredis reads any buffer (as redis-py does)
+                reader.feed(buffer, 0, n)
                 reply = reader.gets()
         except TimeoutError:  # socket.timeout: the connection's socket_timeout_s passed
             raise redis.TimeoutError("Timeout talking to Redis") from None
         except OSError as exc:
             raise redis.ConnectionError(f"Error while talking to Redis: {exc}") from None
         if _PUSH is not None and type(reply) is _PUSH:  # RESP3: a push message came first (server maintenance)
-            parser.handle_push_response(reply)  # type: ignore[no-untyped-call]
+            parser.handle_push_response(reply)
             return conn.read_response()  # the reply itself, read by redis-py
         if interval:
             conn.next_health_check = now + interval  # the time the call started: a round trip earlier at most
@@ -135,11 +168,12 @@ class AsyncDirectCalls:
     def usable(client: Any) -> bool:
         """Only a plain client on a plain pool (as ``DirectCalls.usable``)."""
         return (type(client) is aioredis.Redis and not getattr(client, "single_connection_client", True)
-                and type(client.connection_pool) in (aioredis.ConnectionPool, aioredis.BlockingConnectionPool))
+                and type(client.connection_pool) in (aioredis.ConnectionPool, aioredis.BlockingConnectionPool)
+                and not _refused(unknown(client.connection_pool, _KNOWN_ASYNC, _ASYNC_ATTRS)))
 
     async def call(self, *args: Any) -> Any:
         try:
-            packed = hiredis.pack_command(args)
+            packed = pack(args)
         except TypeError as exc:
             raise redis.DataError(exc) from None
         free = self._free
@@ -191,7 +225,7 @@ class AsyncDirectCalls:
         except OSError as exc:
             raise redis.ConnectionError(f"Error while talking to Redis: {exc}") from None
         if _PUSH is not None and type(reply) is _PUSH:  # RESP3: a push message came first
-            await parser.handle_push_response(reply)  # type: ignore[no-untyped-call]
+            await parser.handle_push_response(reply)
             return await conn.read_response()
         if interval:
             conn.next_health_check = now + interval
@@ -225,6 +259,43 @@ class AsyncDirectCalls:
         self._fds.clear()
         for conn in free:
             await _disconnect(conn)
+
+
+def pack(args: tuple[Any, ...]) -> bytes:
+    """``args`` as one RESP command (only where :func:`unknown` found nothing missing: hiredis is there)."""
+    packed: bytes = hiredis.pack_command(args)
+    return packed
+
+
+def unknown(pool: Any, known: tuple[type, ...], attrs: tuple[str, ...]) -> str:
+    """Why the kept connections cannot be used on ``pool`` ('' when they can): the parser module is missing,
+    the pool caches replies client-side (its connections are proxies that must see every command), makes a
+    connection class of its own, or a connection lacks an attribute read here."""
+    if _MISSING:
+        return _MISSING
+    if getattr(pool, "cache", None) is not None or any(k.startswith("cache") for k in pool.connection_kwargs):
+        return "the pool caches replies client-side"
+    if not callable(getattr(pool, "make_connection", None)) or pool.connection_class not in known:
+        return f"the pool makes {getattr(pool.connection_class, '__name__', 'unknown')} connections"
+    try:
+        probe = pool.connection_class(**pool.connection_kwargs)  # not connected: no I/O
+    except Exception as exc:  # a constructor that wants more than the pool gives: not ours to read
+        return f"a connection could not be built aside ({exc})"
+    missing = [a for a in attrs if not hasattr(probe, a)]
+    return f"a connection has no {', '.join(missing)}" if missing else ""
+
+
+def _refused(reason: str) -> bool:
+    if reason:
+        told(f"script calls go through redis-py's client: {reason}")
+    return bool(reason)
+
+
+def told(reason: str) -> None:
+    """Log ``reason`` (a fast path not taken) once per process."""
+    if reason not in _told:
+        _told.add(reason)
+        log.info("%s", reason)
 
 
 async def _disconnect(conn: Any) -> None:

@@ -12,6 +12,7 @@ import redis
 
 from ringfence.models import Fetched
 from ringfence.redis.broker import Broker
+from ringfence.redis.direct import told
 from ringfence.redis.keys import QueueKeys
 
 BARRIER_S = 5.0  # the longest a re-subscribed worker waits for its PING's reply before it checks its leases
@@ -57,7 +58,11 @@ class Waker:
             await self._pubsub.ssubscribe(*[k.wake for k in self.queue_keys], *self._own)
         else:
             await self._pubsub.subscribe(*[k.wake for k in self.queue_keys], *self._own)
-            self._pubsub.connection.register_connect_callback(self._on_reconnect)
+            register = getattr(self._pubsub.connection, "register_connect_callback", None)
+            if register is None:  # a reconnect goes unseen: its lost wake messages wait for the lease to lapse
+                told("the wake channel's reconnects go unseen: redis-py has no register_connect_callback")
+            else:
+                register(self._on_reconnect)
 
     async def mark_busy(self) -> None:
         async with self.broker.aio.pipeline(transaction=False) as p:
@@ -117,7 +122,7 @@ class Waker:
             if msg is not None:
                 self._keep(msg)
             woke = woke or msg is not None
-            if msg is None and not self._pubsub.node_pubsub_mapping:
+            if msg is None and not getattr(self._pubsub, "node_pubsub_mapping", None):
                 await asyncio.sleep(step)  # no node subscribed (yet): do not spin
             if (woke and msg is None) or (not woke and loop.time() >= deadline):
                 return woke
@@ -194,8 +199,9 @@ class Waker:
             self.resubscribed = not self.broker.cluster  # messages sent to the old connection may be lost
 
     async def _close(self, pubsub: Any) -> None:
-        if pubsub.connection is not None and not self.broker.cluster:  # the connection goes back to the pool
-            pubsub.connection.deregister_connect_callback(self._on_reconnect)
+        deregister = getattr(pubsub.connection, "deregister_connect_callback", None)
+        if deregister is not None and not self.broker.cluster:  # the connection goes back to the pool
+            deregister(self._on_reconnect)
         await pubsub.aclose()
 
     async def close(self) -> None:
