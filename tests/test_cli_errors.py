@@ -13,8 +13,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -114,6 +116,81 @@ def test_fence_commands_need_a_fence_url(tmp_path, redis_url, command) -> None:
     out = ringfence(*command, env={"RINGFENCE_REDIS_URL": redis_url}, cwd=tmp_path)
     assert out.returncode == 2 and "no fence database" in out.stderr and out.stderr.count("\n") == 1
     assert not (tmp_path / "ringfence.db").exists()
+
+
+@pytest.fixture(scope="module")
+def no_tables(tmp_path_factory) -> Iterator[str]:
+    """A PostgreSQL database of this module's own, without the fence tables."""
+    from empty_databases import empty_database
+
+    with empty_database("postgresql", tmp_path_factory.mktemp("pg")) as url:
+        yield url
+
+
+def _acl_user(srv: EmbeddedRedis, denied: str) -> str:
+    """A Redis URL of a user of ``srv`` with every command but ``denied``."""
+    import redis
+
+    admin = redis.Redis(port=srv.port, password="s3cret")
+    name = f"no{denied.strip('-@')}"
+    admin.execute_command("ACL", "SETUSER", name, "reset", "on", ">pw", "~*", "&*", "+@all", denied)
+    admin.close()
+    return f"redis://{name}:pw@127.0.0.1:{srv.port}/0"
+
+
+# Operator mistakes that printed a traceback (or nothing): id -> (command, env made from the fixtures, exit code,
+# what the one line says). A fence URL whose database is down or unreachable and a Redis user refused a command
+# are "cannot connect" (3); the rest are a refused input or configuration (2).
+TRAPS: dict[str, tuple[list[str], Callable[[Any], dict[str, str]], int, str]] = {
+    "fence list, database down": (["fence", "list"], lambda f: {
+        "RINGFENCE_FENCE_URL": f"postgresql://root:pw@127.0.0.1:{free_port()}/test"}, 3,
+        "cannot connect to the fence database at postgresql://root:***@127.0.0.1:"),
+    "fence show, database down": (["fence", "show", "order:1", "charge"], lambda f: {
+        "RINGFENCE_FENCE_URL": f"mysql+pymysql://root@127.0.0.1:{free_port()}/test"}, 3,
+        "cannot connect to the fence database at mysql+pymysql://root@127.0.0.1:"),
+    "fence list, no tables": (["fence", "list"], lambda f: {"RINGFENCE_FENCE_URL": f.no_tables}, 2,
+                              "no fence table ringfence_fences in postgresql"),
+    "fence show, no tables": (["fence", "show", "order:1", "charge"], lambda f: {"RINGFENCE_FENCE_URL": f.no_tables},
+                              2, "`ringfence fence init`"),
+    "fence list, driver not installed": (["fence", "list"], lambda f: {
+        "RINGFENCE_FENCE_URL": "mssql+pyodbc://sa:pw@127.0.0.1/test"}, 2,
+        "fence database mssql+pyodbc://sa:***@127.0.0.1/test: its driver is not installed"),
+    "fence show, unknown driver": (["fence", "show", "order:1", "charge"], lambda f: {
+        "RINGFENCE_FENCE_URL": "postgresql+nodriver://root@127.0.0.1/test"}, 2, "bad fence database URL"),
+    "log level": (["--log-level", "garbage", "info"], lambda f: {}, 2, "--log-level 'garbage' is not a log level"),
+    "doctor sample": (["doctor", "--sample-s", "-1"], lambda f: {}, 2, "--sample-s -1.0 must be >= 0"),
+    "worker port": (["worker", "--metrics-port", "99999"], lambda f: {}, 2, "--metrics-port 99999 is not a TCP port"),
+    "exporter port": (["exporter", "--port", "99999"], lambda f: {}, 2, "--port 99999 is not a TCP port"),
+    "reconcile file": (["reconcile", "--step", "charge", "--effects", "missing.csv"], lambda f: {
+        "RINGFENCE_FENCE_URL": f"sqlite:///{f.tmp}/fences.db"}, 2, "--effects missing.csv: no such file"),
+    "reconcile table": (["reconcile", "--step", "charge", "--effects", "payments"], lambda f: {
+        "RINGFENCE_FENCE_URL": f.no_tables}, 2, "no table 'payments' in postgresql"),
+    "servers, ACL without TIME": (["servers"], lambda f: {"RINGFENCE_REDIS_URL": _acl_user(f.redis, "-time")}, 3,
+                                  "refused a command to this user (grant it in the user's ACL): this user has no "
+                                  "permissions to run the 'time' command"),
+    "doctor, ACL without TIME": (["doctor", "--sample-s", "0"], lambda f: {
+        "RINGFENCE_REDIS_URL": _acl_user(f.redis, "-time")}, 3, "no permissions to run the 'time' command"),
+    "info, ACL without SMEMBERS": (["info"], lambda f: {"RINGFENCE_REDIS_URL": _acl_user(f.redis, "-smembers")}, 3,
+                                   "no permissions to run the 'smembers' command"),
+    "django entry without settings": (["info", "--app", "ringfence.contrib.django.entry:app"], lambda f: {
+        "DJANGO_SETTINGS_MODULE": ""}, 2,
+                                      "needs DJANGO_SETTINGS_MODULE"),
+    "redis database not a number": (["info"], lambda f: {"RINGFENCE_REDIS_URL": "redis://127.0.0.1:6379/abc"}, 3,
+                                    "bad Redis URL redis://127.0.0.1:6379/abc: database 'abc' is not a number"),
+}
+
+
+@pytest.mark.parametrize("trap", list(TRAPS))
+def test_operator_traps_are_one_line_with_their_exit_code(trap, locked_redis, no_tables, redis_url,
+                                                          tmp_path) -> None:
+    command, make_env, code, expected = TRAPS[trap]
+    found = SimpleNamespace(redis=locked_redis, no_tables=no_tables, tmp=tmp_path)
+    env = {"RINGFENCE_REDIS_URL": redis_url, "RINGFENCE_NAMESPACE": "tbadinput", **make_env(found)}
+    out = ringfence(*command, env=env, cwd=tmp_path)
+    assert out.returncode == code, (out.stdout, out.stderr)
+    assert out.stderr.startswith("error: ") and out.stderr.count("\n") == 1, out.stderr
+    assert expected in out.stderr, out.stderr
+    assert ":pw@" not in out.stderr and "s3cret" not in out.stderr  # no password printed
 
 
 def test_embedded_redis_only_when_asked(tmp_path, monkeypatch) -> None:

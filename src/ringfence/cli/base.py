@@ -12,12 +12,18 @@ from typing import Any
 import click
 
 from ringfence.app import App, load_app
-from ringfence.errors import CannotConnect, RingfenceError
+from ringfence.errors import CannotConnect, ConfigError, RingfenceError
 from ringfence.redis.connect import cannot_connect
 
 #: ``--dialect`` of the commands that print DDL (``fence ddl``, ``outbox ddl``).
 dialect_option = click.option("--dialect", type=click.Choice(["postgresql", "mysql", "mariadb", "sqlite"]),
                               required=True, help="the database the statements are for")
+
+
+def check_port(option: str, port: int | None) -> None:
+    """Refuse a TCP port outside 0-65535 in one line, before anything starts."""
+    if port is not None and not 0 <= port <= 65535:
+        raise ConfigError(f"{option} {port} is not a TCP port: use 0-65535 (0: any free port)")
 
 
 def app_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -35,7 +41,8 @@ def app_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 class Group(click.Group):
     """Prints ringfence errors as one clear line instead of a traceback: exit 2 for a refused input or
-    configuration, exit 3 when Redis cannot be reached or refuses the login. ``--debug`` adds the traceback."""
+    configuration, exit 3 when Redis or the fence database cannot be reached, or Redis refuses the login or a
+    command. ``--debug`` adds the traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -47,9 +54,12 @@ class Group(click.Group):
         except Exception as exc:
             app = ctx.meta.get("ringfence.app")
             line = cannot_connect(exc, getattr(app, "_redis_url", None))
-            if line is None:
+            if line is not None:
+                self._fail(ctx, f"error: {line}", 3)
+            found = _database_trouble(exc, getattr(app, "fence_url", None))
+            if found is None:
                 raise
-            self._fail(ctx, f"error: {line}", 3)
+            self._fail(ctx, f"error: {found[0]}", 3 if found[1] else 2)
 
     @staticmethod
     def _fail(ctx: click.Context, line: str, code: int) -> None:
@@ -57,6 +67,17 @@ class Group(click.Group):
             traceback.print_exc()
         click.echo(line, err=True)
         sys.exit(code)
+
+
+def _database_trouble(exc: Exception, fence_url: str | None) -> tuple[str, bool] | None:
+    if not fence_url:
+        return None
+    from ringfence.fence.schema import unusable_database  # SQLAlchemy is loaded only on this error path
+
+    return unusable_database(exc, fence_url)
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @click.group(cls=Group)
@@ -69,4 +90,6 @@ def main(log_level: str, log_json: bool | None, debug: bool) -> None:
     """ringfence: a Redis job queue where the second run is empty."""
     from ringfence.logs import cli_configure
 
+    if log_level.upper() not in LOG_LEVELS:
+        raise ConfigError(f"--log-level {log_level!r} is not a log level: use {', '.join(LOG_LEVELS)}")
     cli_configure(log_level, log_json)

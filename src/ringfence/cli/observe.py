@@ -14,9 +14,10 @@ from typing import Any
 import click
 
 from ringfence.app import App
-from ringfence.cli.base import app_option, main
+from ringfence.cli.base import app_option, check_port, main
 from ringfence.cli.ops import print_json
 from ringfence.doctor import Finding, Status, Thresholds, diagnose
+from ringfence.errors import ConfigError
 from ringfence.reconcile import Effect, read_csv, read_table, reconcile
 
 _MARK = {Status.OK: "ok  ", Status.SKIPPED: "skip", Status.WARNING: "WARN", Status.FAILURE: "FAIL"}
@@ -73,6 +74,9 @@ def load_effects(app: App, source: dict[str, Any]) -> Iterable[Effect] | None:
     path, table = source["effects"], source["effects_table"]
     if path and os.path.isfile(path):
         return list(read_csv(path, source["subject_template"]))
+    if path and (os.sep in path or path.lower().endswith(".csv")):
+        raise ConfigError(f"--effects {path}: no such file (give a CSV export of the provider's records, or a "
+                          "table name of the fence database)")
     table = table or path
     if not table:
         return None
@@ -101,6 +105,8 @@ def print_findings(findings: list[Finding]) -> None:
 def doctor(app: App, as_json: bool, step: str | None, thresholds: Thresholds,
            effects_source: dict[str, Any]) -> None:
     """Run every check of the diagnostic map; exit 0 healthy, 1 warnings, 2 failures."""
+    if not thresholds.sample_s >= 0:  # also refuses nan
+        raise ConfigError(f"--sample-s {thresholds.sample_s} must be >= 0")
     effects = load_effects(app, effects_source) if step else None
     report = diagnose(app, thresholds, step=step, effects=effects)
     if as_json:
@@ -140,6 +146,7 @@ def exporter(app: App, port: int, addr: str) -> None:
     from ringfence.metrics import serve_exporter
     from ringfence.outbox.lag import outbox_lag
 
+    check_port("--port", port)
     app.broker.environment()  # a Redis that cannot be reached fails here, with one line, not at every scrape
     server = serve_exporter(app.broker, port, addr, outbox=(lambda: outbox_lag(app)) if app.fence_url else None)
     click.echo(f"ringfence exporter: http://{addr}:{server.server_port}/metrics (namespace {app.namespace})")

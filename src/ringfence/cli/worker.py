@@ -7,7 +7,7 @@ import sys
 import click
 
 from ringfence.app import App
-from ringfence.cli.base import app_option, main
+from ringfence.cli.base import app_option, check_port, main
 from ringfence.errors import ConfigError
 from ringfence.settings import DEFAULT_THREADS, check_threads
 
@@ -40,6 +40,7 @@ def worker(app: App, queues: str | None, concurrency: int, processes: int, threa
     if processes < 1:
         raise ConfigError(f"--processes {processes} must be >= 1")
     check_threads(threads, concurrency)  # said once, before any child starts
+    check_port("--metrics-port", metrics_port)
     parsed = parse_queues(queues) if queues else None
     if processes > 1:
         app.check()  # refuse a bad configuration before starting anything

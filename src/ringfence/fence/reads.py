@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from sqlalchemy import MetaData, Table, func, select
+from sqlalchemy.exc import NoSuchTableError
 
+from ..errors import ConfigError
 from .model import FenceRow
 from .rows import row_of as _row
 from .store import FenceStore
@@ -28,7 +30,11 @@ def step_rows(store: FenceStore, step: str, batch: int = 1000) -> Iterator[Fence
 
 def table_records(store: FenceStore, table: str, columns: list[str | None]) -> Iterator[tuple[object, ...]]:
     """Rows of an application table in the fence database, as tuples of ``columns`` (None → None)."""
-    t = Table(table, MetaData(), autoload_with=store.engine)
+    try:
+        t = Table(table, MetaData(), autoload_with=store.engine)
+    except NoSuchTableError:
+        raise ConfigError(f"no table {table!r} in {store.engine.url.render_as_string(hide_password=True)}: "
+                          "give a CSV export of the provider's records or a table of the fence database") from None
     wanted = [c for c in columns if c is not None]
     missing = [c for c in wanted if c not in t.c]
     if missing:

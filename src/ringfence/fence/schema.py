@@ -14,6 +14,7 @@ compile to the dialect's own clock, so workers with skewed clocks agree.
 from __future__ import annotations
 
 import time
+import traceback
 from typing import Any
 
 from sqlalchemy import (
@@ -32,11 +33,14 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.dialects import mysql
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.exc import OperationalError as SAOperationalError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ColumnElement, FunctionElement, bindparam
+
+from ..errors import FenceTablesMissing
 
 DEFAULT_TABLE = "ringfence_fences"
 FAILED_JOBS_TABLE = "ringfence_failed_jobs"
@@ -143,6 +147,63 @@ def ddl(dialect: str, *, table_name: str = DEFAULT_TABLE, failed_jobs_name: str 
         indexes = sorted(table.indexes, key=lambda ix: str(ix.name))
         out.extend(str(CreateIndex(ix).compile(dialect=dia)).strip() + ";" for ix in indexes)
     return "\n\n".join(out) + "\n"
+
+
+# --- a fence database that cannot be used, in one line ----------------------------------------
+
+# The words PostgreSQL (psycopg), MySQL/MariaDB and SQLite use for a table that is not there.
+_NO_TABLE = ("no such table", "does not exist", "doesn't exist", "undefinedtable")
+
+
+def safe_url(url: str) -> str:
+    """``url`` without its password (``***``), as every message about a fence database names it."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return str(make_url(url).render_as_string(hide_password=True))
+    except Exception:  # not a URL SQLAlchemy can parse: print no part that could hold a password
+        return url.partition("://")[0] + "://…" if "@" in url else url
+
+
+def missing_tables(exc: BaseException, table: str, url: str) -> FenceTablesMissing | None:
+    """The one-line error when ``exc`` says ``table`` is not in the database at ``url``; else None."""
+    text = str(getattr(exc, "orig", None) or exc).lower()
+    if table.lower() not in text or not any(m in text for m in _NO_TABLE):
+        return None
+    dialect = {"postgres": "postgresql"}.get(d := url.partition(":")[0].partition("+")[0], d)
+    return FenceTablesMissing(f"no fence table {table} in {safe_url(url)}: create the tables with `ringfence "
+                              f"fence init` (or put `ringfence fence ddl --dialect {dialect}` in a migration)")
+
+
+def unusable_database(exc: BaseException, url: str) -> tuple[str, bool] | None:
+    """The one line for ``exc`` (or an error in its cause chain) that means the fence database at ``url`` cannot
+    be used, and whether it is unreachable (True) rather than misconfigured; None for any other error."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        line = _unusable(seen, safe_url(url))
+        if line is not None:
+            return line
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _from_sqlalchemy(exc: BaseException) -> bool:
+    """Raised while SQLAlchemy loaded a dialect's driver (not by some other import)."""
+    return any("sqlalchemy" in f.filename for f in traceback.extract_tb(exc.__traceback__))
+
+
+def _unusable(exc: BaseException, where: str) -> tuple[str, bool] | None:
+    if isinstance(exc, FenceTablesMissing):
+        return str(exc), False
+    if isinstance(exc, NoSuchModuleError | ArgumentError):
+        return f"bad fence database URL {where}: {exc}", False
+    if isinstance(exc, ImportError) and _from_sqlalchemy(exc):
+        return f"fence database {where}: its driver is not installed ({exc})", False
+    orig = getattr(exc, "orig", None) or exc
+    if isinstance(exc, SAOperationalError) or type(orig).__name__ in ("OperationalError", "InterfaceError"):
+        first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+        return f"cannot connect to the fence database at {where}: {first}", True
+    return None
 
 
 # --- the database clock -------------------------------------------------------------------

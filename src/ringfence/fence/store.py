@@ -49,7 +49,7 @@ from .direct import Direct
 from .model import COMPLETABLE, FenceRow, FenceState, Owner, StateText, provider_key
 from .rows import fenced_out as _fenced_out
 from .rows import row_of as _row
-from .schema import DEFAULT_TABLE, create_tables, db_now, db_now_plus, fence_table
+from .schema import DEFAULT_TABLE, create_tables, db_now, db_now_plus, fence_table, missing_tables
 from .statements import Statements, where
 
 T = TypeVar("T")
@@ -177,7 +177,11 @@ class FenceStore:
     def get(self, subject: str, step: str) -> FenceRow | None:
         """The fence row, or None."""
         key = {"w_subject": subject, "w_step": step}
-        m = self._read1(lambda conn: conn.execute(self.stmts.get, key).mappings().first())
+        try:
+            m = self._read1(lambda conn: conn.execute(self.stmts.get, key).mappings().first())
+        except Exception as exc:
+            self._name_missing_table(exc)
+            raise
         return None if m is None else _row(m)
 
     show = get
@@ -190,7 +194,18 @@ class FenceStore:
             q = q.where(self.table.c.state == str(state))
         if subject is not None:
             q = q.where(self.table.c.subject == subject)
-        return self._read(lambda conn: [_row(m) for m in conn.execute(q).mappings()])
+        try:
+            return self._read(lambda conn: [_row(m) for m in conn.execute(q).mappings()])
+        except Exception as exc:
+            self._name_missing_table(exc)
+            raise
+
+    def _name_missing_table(self, exc: Exception) -> None:
+        """Raise :class:`FenceTablesMissing` (one line: the database, the command that creates the table) when
+        ``exc`` says the fence table is not there: ``fence_url`` set, ``ringfence fence init`` not run."""
+        missing = missing_tables(exc, self.table.name, self._url())
+        if missing is not None:
+            raise missing from exc
 
     def db_now(self) -> datetime:
         """The database clock (what every fence timestamp is measured against)."""
@@ -442,9 +457,14 @@ class FenceStore:
         stmt = update(t).where(self._key(subject, step), t.c.state == FenceState.IN_DOUBT.value).values(
             epoch=t.c.epoch + 1, owner_job_id=None, owner_token=None, lease_until=None,
             updated_at=db_now(), **values)
-        with self.engine.begin() as conn:
-            if conn.execute(stmt).rowcount != 1:
-                raise FenceError(f"fence {subject!r}/{step!r} is not in_doubt; nothing to resolve")
+        try:
+            with self.engine.begin() as conn:
+                changed = conn.execute(stmt).rowcount
+        except Exception as exc:
+            self._name_missing_table(exc)
+            raise
+        if changed != 1:
+            raise FenceError(f"fence {subject!r}/{step!r} is not in_doubt; nothing to resolve")
         row = self.get(subject, step)
         assert row is not None
         return row
@@ -455,7 +475,11 @@ class FenceStore:
         stmt = delete(t).where(
             t.c.state == FenceState.COMPLETED.value, t.c.retention_s.is_not(None),
             t.c.completed_at < db_now_plus(-t.c.retention_s))
-        return int(self._write("fence prune", lambda conn, _retried: conn.execute(stmt).rowcount))
+        try:
+            return int(self._write("fence prune", lambda conn, _retried: conn.execute(stmt).rowcount))
+        except Exception as exc:
+            self._name_missing_table(exc)
+            raise
 
 
 _PAST_CAPTURE = (FenceState.CALLING.value, FenceState.EFFECTED.value)

@@ -33,6 +33,10 @@ def check_url(url: str) -> None:
         parse_url(url)  # type: ignore[no-untyped-call]
     except ValueError as exc:
         raise CannotConnect(f"bad Redis URL {safe_url(url)}: {exc}") from exc
+    parts = urlsplit(url)
+    db = parts.path.strip("/")
+    if parts.scheme != "unix" and db and not db.isdigit():  # redis-py would silently use database 0
+        raise CannotConnect(f"bad Redis URL {safe_url(url)}: database {db!r} is not a number (redis://host:port/0)")
 
 
 def still_loading(exc: BaseException) -> bool:
@@ -59,5 +63,7 @@ def cannot_connect(exc: BaseException, url: str | None) -> str | None:
             return f"Redis at {where} refused the login: {seen}"
         if isinstance(seen, redis.ConnectionError | redis.TimeoutError):
             return f"cannot connect to Redis at {where}: {seen}"
+        if isinstance(seen, redis.exceptions.NoPermissionError):  # an ACL user without a command it needs
+            return f"Redis at {where} refused a command to this user (grant it in the user's ACL): {seen}"
         seen = seen.__cause__ or seen.__context__
     return None
