@@ -7,7 +7,6 @@ dead-letter (reason ``cancelled``) instead of vanishing, and a ``calling`` step 
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +19,6 @@ from ringfence.models import DeadJob, JobSpec
 
 if TYPE_CHECKING:
     from ringfence.runtime import Live
-
-log = logging.getLogger("ringfence.jobs")
 
 PURGE_BATCH = 1000  # pending jobs deleted per script call
 
@@ -46,12 +43,17 @@ class JobView:
     source: str = "redis"  # or "sql": a dead job only in the failed_jobs table (Redis lost it)
     result: Any = None     # state "done" (a task with store_result): the handler's return value
     finished_ms: int = 0
+    unknown: tuple[str, ...] = ()  # fields its record no longer holds (a finished job): never shown as 0 or {}
 
     def to_dict(self) -> dict[str, Any]:
-        found = dict(self.__dict__)
+        found = {k: v for k, v in self.__dict__.items() if k not in self.unknown and k != "unknown"}
         if self.state != "done":
             del found["result"], found["finished_ms"]
         return found
+
+
+#: What a finished job's stored result record does not hold.
+NOT_KEPT = ("args", "attempts", "history", "enqueued_ms", "traceback", "died_ms", "malformed")
 
 
 def find_job(app: Live, job_id: str) -> JobView | None:
@@ -90,7 +92,7 @@ def _finished(app: Live, job_id: str) -> JobView | None:
     return JobView(id=job_id, queue=str(record.get("queue", "?")), state=str(record.get("state", "?")),
                    task=str(record.get("task", "?")), reason=str(record.get("reason", "")),
                    error=str(record.get("error", "")), result=record.get("result"),
-                   finished_ms=int(record.get("finished_ms", 0)))
+                   finished_ms=int(record.get("finished_ms", 0)), unknown=NOT_KEPT)
 
 
 def _sql_only(app: Live, job_id: str) -> JobView | None:
@@ -127,13 +129,29 @@ def browse(app: Live, queue: str, state: str, offset: int = 0, count: int = 50) 
     if state == "dead":
         ids = [i for i, _ in broker.page(queue, state, offset, count)]
         return [_dead_view(DeadJob.decode(queue, i, raw)) for i, raw in broker.dead_records(queue, ids)]
+    page = broker.page_specs(queue, state, offset, count)
+    ids = [job_id for job_id, _ in page]
+    k = broker.keys.queue(queue)
+    p = broker.sync.pipeline(transaction=False)
+    p.hmget(k.attempts, ids)  # as find_job reads them, one round trip for the page
+    p.hmget(k.history, ids)
+    attempts, histories = p.execute() if ids else ([], [])
     out = []
-    for job_id, raw in broker.page_specs(queue, state, offset, count):
-        view = JobView(id=job_id, queue=queue, state=state)
+    for (job_id, raw), tries, history in zip(page, attempts, histories, strict=True):
+        view = JobView(id=job_id, queue=queue, state=state, attempts=int(tries or 0), history=_entries(history))
         if raw is not None:
             _fill(view, raw)
         out.append(view)
     return out
+
+
+def _entries(raw: Any) -> list[dict[str, Any]]:
+    """A stored history as ``broker.history`` reads it: empty when missing or malformed."""
+    try:
+        found = orjson.loads(raw) if raw else []
+    except orjson.JSONDecodeError:
+        return []
+    return found if isinstance(found, list) else []
 
 
 def _dead_view(dead: Any) -> JobView:
@@ -177,7 +195,6 @@ def cancel_job(app: Live, job_id: str) -> tuple[str, str]:
     left = app.broker.run(app.broker.cancel(job.queue, job_id, fields, entry))
     if not left:
         raise ConfigError(f"job {job_id} left its queue meanwhile (ran or died); nothing cancelled")
-    log.warning("job %s cancelled (was %s in %s)%s", job_id, left, job.queue, "; moved to dead-letter" if notes else "")
     return job.queue, left + (" -> dead" if notes else "")
 
 

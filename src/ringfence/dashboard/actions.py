@@ -4,6 +4,7 @@ submits the next one itself, showing the progress."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
     from ringfence.dashboard.page import Dashboard
 
+log = logging.getLogger("ringfence.dashboard")
 BATCH = 500  # dead jobs per request of a bulk action
 
 
@@ -104,6 +106,7 @@ async def _cancel(d: Dashboard, request: Request, form: Any) -> Response:
     job_id = str(form.get("id", ""))
     queue, left = jobs.cancel_job(d.app, job_id)
     msg = f"cancelled job {job_id} (was {left} in {queue})"
+    log.warning("dashboard: %s", msg)  # the CLI prints its own line; a click on a page leaves this one
     if left.endswith("dead"):  # it owns a fence step past capture: kept in dead-letter, shown there
         return _back(d, request, "/jobs", id=job_id, msg=msg)
     state = left if left in ("pending", "scheduled", "retry") else "active"

@@ -25,6 +25,9 @@ def overview(app: App) -> dict[str, Any]:
         mins = broker.minutes(q)
         for key, v in mins.items():  # counts add up over queues; latency: the worst queue
             total[key] = max(total.get(key, 0), v) if key.startswith("l") else total.get(key, 0) + v
+        # a queue no worker serves has no sample: its live latency counts for the current minute
+        now_key = f"l{minute}"
+        total[now_key] = max(total.get(now_key, 0), round(g["latency_s"] * 1000))
         rows.append({
             **{k: g[k] for k in ("queue", "pending", "active", "scheduled", "retry", "dead", "paused")},
             "processed_min": mins.get(f"p{minute - 1}", 0), "failed_min": mins.get(f"f{minute - 1}", 0),
