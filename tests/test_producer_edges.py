@@ -4,6 +4,8 @@ needed) and with real worker processes (tests/producerapp.py):
 - names are checked whole: a final newline in a queue, a job id or a namespace is refused, on the API and the CLI;
 - an explicit job id enqueued again after its run finished: waiters get the new run's result, never the old one;
 - an enqueue the Redis user may not finish (ACL) is refused before any write: nothing is left behind;
+- results are capped like payloads (max_result_bytes), and payloads and results nested too deep are refused with
+  a PayloadError naming the limit (never a RecursionError);
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from typing import Any
 import pytest
 import redis
 
-from ringfence import App, BrokerError, ConfigError, ResultTimeout
+from ringfence import App, BrokerError, ConfigError, JobFailed, PayloadError, ResultTimeout
+from ringfence.inspect import find_dead
+from ringfence.payloads import MAX_DEPTH
 from ringfence.redis.embedded import EmbeddedRedis
 from support import ROOT, WorkerProc, wait_until
 
@@ -54,6 +58,11 @@ def declare(app: App) -> dict[str, Any]:
 
 def ns_keys(rdb: redis.Redis, namespace: str) -> list[bytes]:
     return sorted(rdb.scan_iter(f"{namespace}:*", count=1000))
+
+
+def job_keys(rdb: redis.Redis, namespace: str) -> list[bytes]:
+    """Every key of the namespace but the set of queue names (registered before a payload is checked)."""
+    return [k for k in ns_keys(rdb, namespace) if not k.endswith(b":queues")]
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -157,5 +166,55 @@ def test_an_enqueue_refused_by_an_acl_leaves_nothing_behind(private_redis: Embed
         assert denied.upper() in str(caught.value) and "ACL" in str(caught.value)
         assert "\n" not in str(caught.value)
         assert isinstance(caught.value.__cause__, redis.ResponseError)
-    left = [k for k in ns_keys(admin, namespace) if not k.endswith(b":queues")]
-    assert left == []  # no job record, no unique hold, no counter: the queue name alone was registered
+    assert job_keys(admin, namespace) == []  # no job record, no unique hold, no counter
+
+
+# -- sizes and depths ---------------------------------------------------------------------------------------
+def nested(levels: int) -> list[Any]:
+    out: list[Any] = []
+    for _ in range(levels):
+        out = [out]
+    return out
+
+
+def test_a_result_above_max_result_bytes_is_refused_and_recorded_on_the_job(
+        make_app: Callable[..., App], rdb: redis.Redis, spawn_worker: Callable[..., WorkerProc]) -> None:
+    app = make_app()
+    t = declare(app)
+    small, large = t["big"].enqueue(kib=10), t["big"].enqueue(kib=100)
+    producer_worker(spawn_worker, env={"TEST_MAX_RESULT_BYTES": str(64 * 1024)})
+    assert app.result(small, timeout=30) == "x" * 10 * 1024
+    with pytest.raises(JobFailed) as caught:
+        app.result(large, timeout=30)
+    assert caught.value.reason == "bad_result"
+    assert "above max_result_bytes=65,536" in caught.value.error and "\n" not in caught.value.error
+    dead = find_dead(app.broker, large)
+    assert dead is not None and dead.reason == "bad_result" and dead.args == {"kib": 100}  # kept for a replay
+    assert len(rdb.lindex(app.broker.keys.result(large), 0) or b"") < 1024  # the failure, not the value
+
+
+def test_a_result_nested_too_deep_is_refused_with_the_limit(
+        make_app: Callable[..., App], spawn_worker: Callable[..., WorkerProc]) -> None:
+    app = make_app()
+    t = declare(app)
+    fine, deep = t["deep"].enqueue(levels=MAX_DEPTH - 1), t["deep"].enqueue(levels=5000)
+    producer_worker(spawn_worker)
+    assert app.result(fine, timeout=30) == nested(MAX_DEPTH - 1)
+    with pytest.raises(JobFailed) as caught:
+        app.result(deep, timeout=30)
+    assert caught.value.reason == "bad_result"
+    assert f"nested more than {MAX_DEPTH} levels deep" in caught.value.error
+    assert "RecursionError" not in caught.value.error
+
+
+@pytest.mark.parametrize("levels", [MAX_DEPTH + 1, 5000])
+def test_a_payload_nested_too_deep_is_a_payload_error_naming_the_limit(
+        make_app: Callable[..., App], rdb: redis.Redis, namespace: str, levels: int) -> None:
+    app = make_app()
+    t = declare(app)["anything"]
+    with pytest.raises(PayloadError, match=f"payload.value.* is nested more than {MAX_DEPTH} levels deep"):
+        t.enqueue(value=nested(levels))
+    with pytest.raises(PayloadError, match=f"nested more than {MAX_DEPTH} levels deep"):
+        app.enqueue_many(t, [{"value": 1}, {"value": nested(levels)}])
+    assert job_keys(rdb, namespace) == []
+    assert t.enqueue(value=nested(MAX_DEPTH - 2))  # at the limit: queued

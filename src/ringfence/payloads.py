@@ -86,7 +86,7 @@ class PayloadCodec:
             except ValidationError as exc:
                 raise PayloadError(f"task {self.task!r} version {self.version}: {_explain(exc)}") from exc
             # The model declares its richer types and converts them; a non-finite float it would store as null.
-            self._refuse(non_finite(instance.model_dump(), "payload"))
+            self._refuse(non_finite(model_dump(instance, "payload"), "payload"))
             return instance.model_dump(mode="json")
         if not isinstance(payload, dict):
             raise PayloadError(f"task {self.task!r}: a payload is a dict of fields, got {type(payload).__name__}")
@@ -241,11 +241,22 @@ def plain_fields(fn: Callable[..., Any], params: dict[str, inspect.Parameter]) -
     return cast(dict[str, tuple[type, ...]], out)
 
 
-def json_problem(value: Any, path: str) -> str | None:
+#: Lists and dicts nested deeper than this are refused in payloads and results: orjson stops at 254 levels, Python's
+#: recursion near 1,000, and a stored job wraps its payload in two more.
+MAX_DEPTH = 200
+
+
+def _too_deep(path: str) -> str:
+    shown = path if len(path) <= 60 else path[:60] + "..."
+    return f"field {shown} is nested more than {MAX_DEPTH} levels deep (lists and dicts); the limit is {MAX_DEPTH}"
+
+
+def json_problem(value: Any, path: str, depth: int = 0) -> str | None:
     """Why ``value`` is not plain JSON, naming the field (``payload.items[2]``); None when it is.
 
-    Only dict (str keys), list, tuple, str, int, float (finite), bool and None: anything else would be converted
-    silently (datetime, UUID, dataclass, enum) or stored as something else (NaN and Infinity as null)."""
+    Only dict (str keys), list, tuple, str, int, float (finite), bool and None, nested at most ``MAX_DEPTH``
+    levels: anything else would be converted silently (datetime, UUID, dataclass, enum) or stored as something
+    else (NaN and Infinity as null)."""
     kind = type(value)
     if value is None or kind in (str, bool):
         return None
@@ -254,17 +265,19 @@ def json_problem(value: Any, path: str) -> str | None:
         return None if inside else f"field {path}={value} is outside JSON's 64-bit range"
     if kind is float:
         return None if math.isfinite(value) else f"field {path}={value!r}: NaN and Infinity are not JSON"
+    if kind in (dict, list, tuple) and depth >= MAX_DEPTH:
+        return _too_deep(path)
     if kind is dict:
         for k, v in value.items():
             if type(k) is not str:
                 return f"field {path} has a key {k!r} ({type(k).__name__}); JSON keys are strings"
-            problem = json_problem(v, _join(path, k))
+            problem = json_problem(v, _join(path, k), depth + 1)
             if problem:
                 return problem
         return None
     if kind in (list, tuple):
         for i, v in enumerate(value):
-            problem = json_problem(v, f"{path}[{i}]")
+            problem = json_problem(v, f"{path}[{i}]", depth + 1)
             if problem:
                 return problem
         return None
@@ -272,16 +285,27 @@ def json_problem(value: Any, path: str) -> str | None:
             "None, lists, dicts) or declare a payload model (payload=Model) that converts it")
 
 
-def non_finite(value: Any, path: str) -> str | None:
-    """The first NaN or Infinity in a dumped payload model, naming the field."""
+def non_finite(value: Any, path: str, depth: int = 0) -> str | None:
+    """The first NaN or Infinity in a dumped payload model, naming the field (or a part nested too deep)."""
     if isinstance(value, float) and not math.isfinite(value):
         return f"field {path}={value!r}: NaN and Infinity are not JSON"
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+    if items and depth >= MAX_DEPTH:
+        return _too_deep(path)
     for k, v in items:
-        problem = non_finite(v, _join(path, k) if isinstance(value, dict) else f"{path}[{k}]")
+        problem = non_finite(v, _join(path, k) if isinstance(value, dict) else f"{path}[{k}]", depth + 1)
         if problem:
             return problem
     return None
+
+
+def model_dump(model: BaseModel, path: str) -> Any:
+    """``model.model_dump()``; pydantic's own depth limit (a ValueError) becomes the PayloadError of a value nested
+    too deep."""
+    try:
+        return model.model_dump()
+    except ValueError as exc:
+        raise PayloadError(f"{_too_deep(path)} ({exc})") from exc
 
 
 def _join(path: str, key: Any) -> str:
