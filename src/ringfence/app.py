@@ -54,7 +54,8 @@ class App:
 
     Without a ``redis_url`` and without ``RINGFENCE_REDIS_URL``, the first use of Redis raises ConfigError;
     ``redis_url="embedded"`` asks for a private embedded Redis, started on first use and stopped by
-    ``close()`` (demos only). ``max_payload_bytes`` (default 1 MiB; None: no cap) refuses larger jobs at enqueue.
+    ``close()`` (demos only). ``max_payload_bytes`` (default 1 MiB; None: no cap) refuses larger jobs at enqueue;
+    ``max_result_bytes`` (the same default) larger stored results (the job goes to dead-letter, ``bad_result``).
     """
 
     def __init__(
@@ -71,6 +72,7 @@ class App:
         retry_profiles: dict[str, RetryPolicy] | None = None,
         redis: ConnectionSettings | None = None,
         max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_result_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES,
         redis_clients: RedisClients | None = None,
         min_replicas: int = 0,
         replica_timeout_s: float = 1.0,
@@ -100,6 +102,9 @@ class App:
         if max_payload_bytes is not None and (type(max_payload_bytes) is not int or max_payload_bytes < 1):
             raise ConfigError(f"max_payload_bytes={max_payload_bytes!r} must be a positive int (bytes) or None")
         self.max_payload_bytes = max_payload_bytes
+        if max_result_bytes is not None and (type(max_result_bytes) is not int or max_result_bytes < 1):
+            raise ConfigError(f"max_result_bytes={max_result_bytes!r} must be a positive int (bytes) or None")
+        self.max_result_bytes = max_result_bytes  # a stored result's record above it is refused (results.py)
         self.registry = Registry()
         self.retry_profiles: dict[str, RetryPolicy] = {}
         self.breakers: dict[str, BreakerPolicy] = {}
