@@ -222,6 +222,7 @@ def test_read_only_shows_no_action(browser: Any, env: Env) -> None:
     url = env.dashboard("--read-only")
     page = browser.new_page()
     page.goto(url + "/login")
+    assert page.locator("input[name=token]").count() == 0 and page.locator("text=read-only").count() >= 1
     for path in ["/", "/queues/default/pending", "/queues/default/dead", f"/jobs?id={job}", "/fences"]:
         page.goto(url + path)
         assert page.locator("form[method=post]").count() == 0, path
@@ -230,4 +231,44 @@ def test_read_only_shows_no_action(browser: Any, env: Env) -> None:
     r = page.context.request.post(url + "/actions/cancel", form={"csrf": csrf, "id": job},
                                   headers={"Authorization": f"Bearer {TOKEN}"})
     assert r.status == 403 and env.app.broker.job_state("default", job) == "pending"
+    page.close()
+
+
+def test_odd_cookies_forged_messages_and_the_reconcile_page(browser: Any, env: Env) -> None:
+    """A cookie that is not ASCII leaves every page working; a link cannot make the dashboard say anything;
+    reconcile runs on a click, against the table the app declares, never one named in the address."""
+    from sqlalchemy import text
+
+    from ringfence.fence import Owner
+
+    store = env.app.fence_store
+    for n in (1, 2):
+        store.capture(f"order:{n}", "charge", Owner(f"job{n}", "tok", 30.0), "h", None)
+    with store.engine.begin() as c:
+        c.execute(text("create table callbacks (order_id integer, charge_id text)"))
+        c.execute(text("insert into callbacks values (1, 'ch_a'), (1, 'ch_b'), (2, 'ch_c')"))
+        c.execute(text("create table users (email text, password_hash text)"))
+        c.execute(text("insert into users values ('alice@example.org', 'hash-of-alice')"))
+    job = env.app.enqueue("noop", n=1)
+    url = env.dashboard()
+    page = browser.new_page()
+    page.context.add_cookies([{"name": "rf_auth", "value": "\u00e9t\u00e9\u4e2d", "url": url}])
+    for path in ["/", "/servers", "/jobs", f"/jobs?id={job}", "/queues/default/pending", "/fences", "/login"]:
+        resp = page.goto(url + path)
+        assert resp is not None and resp.status == 200, path
+        assert page.locator("text=log in for actions").count() == 1, path
+    page.goto(url + "/?msg=Session+expired:+log+in+again+at+evil.example")
+    assert page.locator(".flash").count() == 0 and "evil.example" not in page.content()
+    page.context.clear_cookies()
+
+    page.goto(url + "/fences/reconcile?step=charge&table=users&subject_column=email&reference_column=password_hash")
+    assert "alice@example.org" not in page.content() and page.locator("button:has-text('Reconcile')").count() == 0
+    login(page, url)  # its flash message comes from the dashboard's own redirect
+    page.goto(url + "/fences")
+    page.click("a[href='/fences/reconcile?step=charge']")
+    page.click("button:has-text('Reconcile charge')")
+    cell = page.locator("tr[data-finding=double_effects] td.num")
+    assert cell.inner_text() == "1" and page.locator("text=2 fence row(s), 3 effect(s)").count() == 1
+    assert "alice@example.org" not in page.content() and "hash-of-alice" not in page.content()
+    shot(page, "reconcile")
     page.close()
