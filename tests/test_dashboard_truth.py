@@ -121,12 +121,28 @@ def test_each_state_list_and_the_job_page_show_what_job_show_says(app: App, cli:
     assert f"<dt>attempts</dt><dd>{shown['retry']['attempts']}</dd>" in page
     assert html.escape(shown["retry"]["error"], quote=False) in page and "AK-1" not in page
 
+    wait_until(lambda: [s.get("running") for s in b.servers()] == [[running]], timeout=10)  # its next heartbeat
+    servers = cli.json("servers", "--json")
+    page = client.get("/servers").text
+    assert len(servers) == 1 and servers[0]["running"] == [running]
+    assert server_rows(page) == [[servers[0]["host"], str(servers[0]["pid"]), servers[0]["environment"],
+                                  " ".join(f"{q}={w}" for q, w in servers[0]["queues"].items()),
+                                  str(servers[0]["concurrency"]), "1", str(servers[0]["processed"]),
+                                  str(servers[0]["failed"])]]
+
     done = cli.show(finished)
     assert done["state"] == "done" and done["result"] == {"n": 4}
     assert not {"args", "attempts", "enqueued_ms", "history"} & done.keys()  # not kept: not shown as 0 or {}
     page = client.get(f"/jobs?id={finished}").text
     assert "<dt>attempts</dt>" not in page and "<h3>Payload</h3>" not in page and '"n": 4' in page
     assert "<dt>enqueued</dt>" not in page and "state" in page and ">done<" in page
+
+
+def server_rows(page: str) -> list[list[str]]:
+    """The first eight cells of each row of the servers page: host to failed."""
+    body = page[page.index("<tbody>"):page.index("</tbody>")]
+    return [[html.unescape(c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)[:8]]
+            for row in re.findall(r"<tr>(.*?)</tr>", body, re.S)]
 
 
 def test_job_cancel_says_it_once(app: App, cli: Cli) -> None:
