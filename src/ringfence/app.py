@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Concatenate, overload
 
 from ringfence.client import Client
 from ringfence.errors import ConfigError
@@ -27,9 +27,21 @@ from ringfence.settings import (
     check_name,
     env_default,
 )
-from ringfence.tasks import Registry, RetryDelay, Task, check_result_options, check_seconds, enqueue_options
+from ringfence.tasks import (
+    JobContext,
+    P,
+    R,
+    Registry,
+    RetryDelay,
+    Task,
+    check_result_options,
+    check_seconds,
+    enqueue_options,
+)
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from ringfence.fence.failed import FailedJobs
     from ringfence.fence.provider import ProviderTable
     from ringfence.fence.store import FenceStore
@@ -177,10 +189,16 @@ class App:
         return self.runtime.failed_jobs
 
     # -- declaration ----------------------------------------------------------------------------
+    # Typed: the returned Task is generic over the handler's fields after ``ctx``; a payload model's task also
+    # takes the model's fields as keywords, which the handler's signature does not show.
     @overload
-    def task(self, fn: Callable[..., Any], /) -> Task: ...
+    def task(self, fn: Callable[Concatenate[JobContext, P], R], /) -> Task[P, R]: ...
     @overload
-    def task(self, fn: None = None, /, **options: Any) -> Callable[[Callable[..., Any]], Task]: ...
+    def task(self, fn: None = None, /, *, payload: type[BaseModel],
+             **options: Any) -> Callable[[Callable[Concatenate[JobContext, P], R]], Task[..., R]]: ...
+    @overload
+    def task(self, fn: None = None, /,
+             **options: Any) -> Callable[[Callable[Concatenate[JobContext, P], R]], Task[P, R]]: ...
 
     def task(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
         """Register a handler: ``@app.task`` or ``@app.task(name=..., queue=..., max_attempts=..., timeout_s=...,

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, Protocol, TypedDict, Unpack
 
 from pydantic import BaseModel
 
@@ -17,6 +17,17 @@ from ringfence.fence_api import Fence, FenceWiring
 from ringfence.models import Prepared
 from ringfence.payloads import PayloadCodec, Upcaster
 from ringfence.settings import TaskOptions
+
+if TYPE_CHECKING:  # defaults (PEP 696): a bare ``Task`` stays ``Task[..., Any]``
+    from typing_extensions import ParamSpec, TypeVar
+
+    P = ParamSpec("P", default=...)
+    R = TypeVar("R", default=Any)
+else:
+    from typing import ParamSpec, TypeVar
+
+    P = ParamSpec("P")
+    R = TypeVar("R")
 
 RetryDelay = Callable[[int, BaseException], float]
 
@@ -49,8 +60,9 @@ class TaskOwner(Protocol):
     def on_commit(self) -> Deferrer: ...
 
 
-class Task:
-    """A registered handler. ``task.enqueue(**payload)`` queues a job and returns its id.
+class Task(Generic[P, R]):
+    """A registered handler. ``task.enqueue(**payload)`` queues a job and returns its id. Generic over the
+    handler's parameters after ``ctx`` (``P``) and its return type, so a type checker checks the payload.
 
     Example::
 
@@ -61,7 +73,7 @@ class Task:
         later = send_receipt.with_options(delay_s=60).enqueue(order_id=42)
     """
 
-    def __init__(self, app: TaskOwner, fn: Callable[..., Any], options: TaskOptions,
+    def __init__(self, app: TaskOwner, fn: Callable[Concatenate[JobContext, P], R], options: TaskOptions,
                  permanent: tuple[type[BaseException], ...] = (), retry_delay: RetryDelay | None = None,
                  version: int = 1, payload: type[BaseModel] | None = None,
                  example: dict[str, Any] | None = None, dependency: str | None = None,
@@ -109,26 +121,27 @@ class Task:
 
         return register
 
-    def with_options(self, **options: Any) -> BoundTask:
+    def with_options(self, **options: Unpack[OptionFields]) -> BoundTask[P, R]:
         """Enqueue options: queue, delay_s, run_at (datetime), max_attempts, timeout_s, expiry_s, job_id,
         unique_for (s), unique_key (str template like "order:{order_id}" or callable(payload)), raise_on_duplicate."""
         return BoundTask(self, enqueue_options(**options))
 
-    def enqueue(self, model: BaseModel | None = None, /, **fields: Any) -> str:
-        """Queue one job; the payload is keyword fields, or an instance of the task's payload model."""
-        return self.app.client.enqueue(self, fields if model is None else _payload(model, fields), NO_OPTIONS)
+    def enqueue(self, *args: P.args, **fields: P.kwargs) -> str:
+        """Queue one job; the payload is the handler's fields (keywords, or positional in its order), or an
+        instance of the task's payload model."""
+        return self.app.client.enqueue(self, _payload(self, args, fields) if args else fields, NO_OPTIONS)
 
-    async def aenqueue(self, model: BaseModel | None = None, /, **fields: Any) -> str:
-        return await self.app.client.aenqueue(self, _payload(model, fields), NO_OPTIONS)
+    async def aenqueue(self, *args: P.args, **fields: P.kwargs) -> str:
+        return await self.app.client.aenqueue(self, _payload(self, args, fields), NO_OPTIONS)
 
-    def enqueue_in(self, conn: Any, model: BaseModel | None = None, /, **fields: Any) -> str:
+    def enqueue_in(self, conn: Any, *args: P.args, **fields: P.kwargs) -> str:
         """Write the job into the outbox table in ``conn``'s transaction (no commit, no Redis); the relay
         sends it once the transaction commits (docs/outbox.md). Returns the job's id."""
-        return self.app.client.enqueue_in(self, conn, _payload(model, fields), EnqueueOptions())
+        return self.app.client.enqueue_in(self, conn, _payload(self, args, fields), EnqueueOptions())
 
-    async def aenqueue_in(self, conn: Any, model: BaseModel | None = None, /, **fields: Any) -> str:
+    async def aenqueue_in(self, conn: Any, *args: P.args, **fields: P.kwargs) -> str:
         """:meth:`enqueue_in` through an AsyncConnection or AsyncSession."""
-        return await self.app.client.aenqueue_in(self, conn, _payload(model, fields), EnqueueOptions())
+        return await self.app.client.aenqueue_in(self, conn, _payload(self, args, fields), EnqueueOptions())
 
     def enqueue_on_commit(self, target: Any = None, model: BaseModel | None = None, /, *, using: str | None = None,
                           **fields: Any) -> str:
@@ -141,7 +154,24 @@ class Task:
                 s.add(order)
                 send_receipt.enqueue_on_commit(s, order_id=order.id)
         """
-        return self.app.on_commit.defer(self, target, _payload(model, fields), EnqueueOptions(), using)
+        return self.app.on_commit.defer(self, target, _payload(self, _model(model), fields), EnqueueOptions(), using)
+
+
+class OptionFields(TypedDict, total=False):
+    """The enqueue options by name and type (``with_options(**options)``), as :class:`EnqueueOptions` has them."""
+
+    queue: str | None
+    delay_s: float | None
+    run_at: datetime | None
+    max_attempts: int | None
+    timeout_s: float | None
+    expiry_s: float | None
+    job_id: str | None
+    unique_for: float | None
+    unique_key: str | Callable[[dict[str, Any]], str] | None
+    raise_on_duplicate: bool
+    durable: bool
+    min_replicas: int | None
 
 
 @dataclass(frozen=True)
@@ -204,35 +234,57 @@ def enqueue_options(**options: Any) -> EnqueueOptions:
 
 
 @dataclass(frozen=True)
-class BoundTask:
-    task: Task
+class BoundTask(Generic[P, R]):
+    task: Task[P, R]
     options: EnqueueOptions
 
-    def with_options(self, **options: Any) -> BoundTask:
+    def with_options(self, **options: Unpack[OptionFields]) -> BoundTask[P, R]:
         enqueue_options(**options)  # same checks as a first with_options
         return BoundTask(self.task, replace(self.options, **options))
 
-    def enqueue(self, model: BaseModel | None = None, /, **fields: Any) -> str:
-        return self.task.app.client.enqueue(self.task, _payload(model, fields), self.options)
+    def enqueue(self, *args: P.args, **fields: P.kwargs) -> str:
+        return self.task.app.client.enqueue(self.task, _payload(self.task, args, fields), self.options)
 
-    async def aenqueue(self, model: BaseModel | None = None, /, **fields: Any) -> str:
-        return await self.task.app.client.aenqueue(self.task, _payload(model, fields), self.options)
+    async def aenqueue(self, *args: P.args, **fields: P.kwargs) -> str:
+        return await self.task.app.client.aenqueue(self.task, _payload(self.task, args, fields), self.options)
 
-    def enqueue_in(self, conn: Any, model: BaseModel | None = None, /, **fields: Any) -> str:
-        return self.task.app.client.enqueue_in(self.task, conn, _payload(model, fields), self.options)
+    def enqueue_in(self, conn: Any, *args: P.args, **fields: P.kwargs) -> str:
+        return self.task.app.client.enqueue_in(self.task, conn, _payload(self.task, args, fields), self.options)
 
-    async def aenqueue_in(self, conn: Any, model: BaseModel | None = None, /, **fields: Any) -> str:
-        return await self.task.app.client.aenqueue_in(self.task, conn, _payload(model, fields), self.options)
+    async def aenqueue_in(self, conn: Any, *args: P.args, **fields: P.kwargs) -> str:
+        return await self.task.app.client.aenqueue_in(self.task, conn, _payload(self.task, args, fields),
+                                                      self.options)
 
     def enqueue_on_commit(self, target: Any = None, model: BaseModel | None = None, /, *, using: str | None = None,
                           **fields: Any) -> str:
-        return self.task.app.on_commit.defer(self.task, target, _payload(model, fields), self.options, using)
+        return self.task.app.on_commit.defer(self.task, target, _payload(self.task, _model(model), fields),
+                                             self.options, using)
 
 
-def _payload(model: BaseModel | None, fields: dict[str, Any]) -> Any:
-    if model is not None and fields:
-        raise PayloadError("pass a payload model instance or keyword fields, not both")
-    return model if model is not None else fields
+def _model(model: BaseModel | None) -> tuple[Any, ...]:
+    return () if model is None else (model,)
+
+
+def _payload(task: Task, args: tuple[Any, ...], fields: dict[str, Any]) -> Any:
+    """The payload of an enqueue call: keyword fields, one payload model instance, or values given by position,
+    named after the handler's parameters."""
+    if not args:
+        return fields
+    if len(args) == 1 and isinstance(args[0], BaseModel):
+        if fields:
+            raise PayloadError("pass a payload model instance or keyword fields, not both")
+        return args[0]
+    names = [p.name for p in list(inspect.signature(task.fn).parameters.values())[1:]
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(args) > len(names):
+        raise PayloadError(f"task {task.name!r} takes {len(names)} payload field(s) by position, "
+                           f"got {len(args)}: {args!r}")
+    named = dict(zip(names, args, strict=False))
+    twice = sorted(set(named) & set(fields))
+    if twice:
+        raise PayloadError(f"task {task.name!r}: payload field {', '.join(twice)} given twice (by position and "
+                           "by name)")
+    return {**named, **fields}
 
 
 class CancelFlag(threading.Event):

@@ -30,11 +30,15 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Concatenate, overload
 from urllib.parse import quote, urlencode
 
 from ringfence.app import App, load_app
 from ringfence.errors import ConfigError
+from ringfence.tasks import JobContext, P, R, Task
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 __all__ = ["DjangoApp", "Settings", "django_job", "fence_url", "get_app", "make_app", "settings"]
 
@@ -154,10 +158,19 @@ def django_job(fn: Callable[..., Any]) -> Callable[..., Any]:
 class DjangoApp(App):
     """An App whose sync handlers get Django's per-request connection handling (:func:`django_job`)."""
 
+    @overload  # the typing of App.task
+    def task(self, fn: Callable[Concatenate[JobContext, P], R], /) -> Task[P, R]: ...
+    @overload
+    def task(self, fn: None = None, /, *, payload: type[BaseModel],
+             **options: Any) -> Callable[[Callable[Concatenate[JobContext, P], R]], Task[..., R]]: ...
+    @overload
+    def task(self, fn: None = None, /,
+             **options: Any) -> Callable[[Callable[Concatenate[JobContext, P], R]], Task[P, R]]: ...
+
     def task(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
         if fn is not None:
             return super().task(django_job(fn), **options)
-        register = super().task(**options)
+        register: Callable[[Callable[..., Any]], Task] = super().task(**options)
         return lambda f: register(django_job(f))
 
     def periodic(self, cron: str, **options: Any) -> Any:
