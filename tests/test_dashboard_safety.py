@@ -156,3 +156,28 @@ def test_a_dashboard_without_actions_has_nothing_to_log_in_for(app: App, mode: s
     r = client.post("/login", data={"csrf": csrf(client, "/login"), "token": TOKEN}, follow_redirects=False)
     assert r.status_code == 403 and "actions enabled" not in r.text and "rf_auth" not in r.headers.get("set-cookie", "")
     assert "actions enabled" not in client.get("/").text
+
+
+ODD_VALUES = ["nan", "inf", "1e20", "-1", "abc", ODD, "\x00", "", "9" * 50, "%", "../.."]
+
+
+def test_no_page_or_action_answers_odd_input_with_a_500(make_app, tmp_path) -> None:
+    app = make_app(fence_url=f"sqlite:///{tmp_path}/f.db")
+    app.fence_store.create_all()
+    app.task(name="charge")(lambda ctx, **kw: None)
+    app.enqueue("charge", order=1)
+    client = TestClient(create_app(app, token=TOKEN), raise_server_exceptions=False)
+    token = csrf(client, "/login")
+    assert client.post("/login", data={"csrf": token, "token": TOKEN}).status_code == 200
+    pages = {"/": ["msg", "sig"], "/jobs": ["id"], "/queues/default/pending": ["offset", "task", "error", "min_age_s"],
+             "/queues/default/dead": ["offset"], "/fences": ["replay"], "/fences/reconcile": ["step"]}
+    actions = {"/actions/pause": ["queue", "paused"], "/actions/purge": ["queue", "confirm"],
+               "/actions/dead": ["op", "queue", "done", "id", "task", "error", "all"],
+               "/actions/resolve": ["subject", "step", "outcome", "reference"], "/fences/reconcile": ["step"],
+               "/actions/cancel": ["id"]}
+    fixed = {"/actions/dead": {"op": "replay", "queue": "default"}, "/actions/resolve": {"outcome": "done"}}
+    failed = [(path, name, value) for path, names in pages.items() for name in names for value in ODD_VALUES
+              if client.get(path, params={name: value}).status_code >= 500]
+    failed += [(path, name, value) for path, names in actions.items() for name in names for value in ODD_VALUES
+               if client.post(path, data={**fixed.get(path, {}), "csrf": token, name: value}).status_code >= 500]
+    assert failed == []
