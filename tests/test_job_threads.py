@@ -41,7 +41,13 @@ async def test_a_queued_call_times_out_from_its_own_start_and_results_come_back_
     assert names == ["ringfence-job_0", "ringfence-job_0"]
 
     ctx = _ctx(0.2)
-    with pytest.raises(JobTimeout):  # past its time: ctx.cancelled, the overrun reported, then the timeout
+    with pytest.raises(JobTimeout):  # past its time: ctx.cancelled, then the timeout once it returns
+        await call_sync(runner, slow, ctx, (), {"seconds": 0.5}, 0.2, on_thread=futures.append,
+                        on_overrun=lambda: overruns.append(1))
+    assert ctx.cancelled.is_set() and not overruns and futures[-1].done()  # returned within the grace
+    runner.grace_s = 0.1
+    ctx = _ctx(0.2)
+    with pytest.raises(JobTimeout):  # still running after its time and the grace: the overrun reported
         await call_sync(runner, slow, ctx, (), {"seconds": 0.5}, 0.2, on_thread=futures.append,
                         on_overrun=lambda: overruns.append(1))
     assert ctx.cancelled.is_set() and overruns == [1] and futures[-1].done()  # settled after the thread

@@ -142,38 +142,29 @@ def test_two_workers_never_run_one_job_at_once_and_bulk_runs_exactly_once(
     assert len(servers) == 2 and {s["environment"] for s in servers} == {"test"}
 
 
-def test_sync_job_past_its_timeout_stops_the_worker_process(redis_url, namespace, rdb, spawn_worker) -> None:
-    app, m = producer(redis_url, namespace)
-    job = m.hangs.enqueue(seconds=30)
-    w = spawn_worker(env={"TEST_SHUTDOWN_S": "1"})
-    code = w.wait(20)
-    assert code == 75
-    assert "exceeded its timeout" in w.output()
-    k = app.broker.keys.queue("default")
-    # Its thread died with the process: the job is still leased (no retry while it ran); the lease brings it back.
-    assert rdb.zscore(k.active, job) is not None and rdb.zcard(k.retry) == 0
-    assert app.broker.attempts("default", job) == 1
-
-
 @pytest.mark.parametrize(("seconds", "shutdown_s"), [(1.2, "3"), (30, "1")],
-                         ids=["thread-returns-while-draining", "thread-outlives-the-process"])
+                         ids=["thread-returns-within-the-grace", "thread-outlives-the-process"])
 def test_a_sync_job_past_its_timeout_never_runs_twice_at_once(
     redis_url, namespace, rdb, spawn_worker, seconds: float, shutdown_s: str
 ) -> None:
-    """Each run overruns its 0.5 s timeout; its worker exits 75 and the supervisor replaces it. The job's
-    next run starts only after the previous thread has returned or died with its process."""
+    """Each run overruns its 0.5 s timeout. One that returns within the grace is a timeout and its worker serves
+    on; one still running after it has its worker exit 75, and the supervisor replaces it. The job's next run
+    starts only after the previous thread has returned or died with its process."""
     app, m = producer(redis_url, namespace)
     job = m.overruns.enqueue(seconds=seconds)
     sup = spawn_worker("-p", "2", env={"TEST_SHUTDOWN_S": shutdown_s})
-    dead = wait_until(lambda: find_dead(app.broker, job), timeout=60)
+    dead = wait_until(lambda: find_dead(app.broker, job), timeout=90)
     runs = spans(rdb, namespace)
     assert [r.attempt for r in runs] == [1, 2, 3]
     assert_one_run_at_a_time(runs)
     assert all(r.done for r in runs) == (seconds < 3)
     ran_in = {r.pid for r in runs}
-    assert len(ran_in) == 3  # every process that ran it exited...
-    wait_until(lambda: len(app.broker.servers()) == 2 and not ran_in & {s["pid"] for s in app.broker.servers()},
-               timeout=20)  # ...and was replaced
+    if seconds < 3:  # the processes that ran it serve on
+        assert ran_in <= {s["pid"] for s in app.broker.servers()}
+    else:
+        assert len(ran_in) == 3  # every process that ran it exited...
+        wait_until(lambda: len(app.broker.servers()) == 2 and not ran_in & {s["pid"] for s in app.broker.servers()},
+                   timeout=20)  # ...and was replaced
     assert dead.reason == "max_attempts"
     errors = [h["error"] for h in dead.history]
     if seconds < 3:  # settled when the thread returned

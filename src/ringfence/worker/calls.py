@@ -1,8 +1,9 @@
 """Calling a handler under its time bound: async on the loop, sync on the worker's job threads.
 
 The rule for sync handlers (a thread cannot be stopped): a job is settled only once its thread has returned.
-Until then it keeps its slot and its lease; past its timeout the worker is told to stop and be restarted,
-and a thread still running when the process exits takes the job's lease with it (docs/architecture.md)."""
+Until then it keeps its slot and its lease. Past its timeout ``ctx.cancelled`` is set; a thread still running
+``OVERRUN_GRACE_S`` later has the worker told to stop and be replaced, and a thread still running when the
+process exits takes the job's lease with it (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ STARVED_MAX_PERIODS = 20
 # sleep on something other than the GIL (which one process cannot use past one CPU).
 IO_WAIT = 0.2
 IO_BOUND = 0.6
+# A sync call past its timeout has this long to return (its handler saw ``ctx.cancelled``) before the worker is
+# replaced: one that returns in time costs an attempt, never the process.
+OVERRUN_GRACE_S = 5.0
 
 
 class JobTimeout(Exception):
@@ -117,7 +121,7 @@ class SyncRun:
     says whether the loop has heard that it returned (a cancelled ``future`` says nothing about the thread)."""
 
     __slots__ = ("args", "ctx", "error", "finished", "fn", "future", "kwargs", "on_overrun", "overran", "owner",
-                 "result", "returned", "started", "submitted", "task", "then", "timeout_s", "waiters")
+                 "result", "returned", "started", "stuck", "submitted", "task", "then", "timeout_s", "waiters")
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                  future: asyncio.Future[Any] | None, timeout_s: float, ctx: JobContext | None, task: str,
@@ -131,6 +135,7 @@ class SyncRun:
         self.finished = False  # set by its thread
         self.returned = False  # set on the loop, once the loop has the outcome
         self.overran = False   # the watchdog found it past its timeout
+        self.stuck = False     # ...and still running ``OVERRUN_GRACE_S`` later: the worker is replaced
         self.result: Any = None
         self.error: BaseException | None = None
         self.waiters: list[asyncio.Future[None]] | None = None
@@ -164,8 +169,9 @@ class SyncRunner:
     idle machine, with one process or two ("Seventh pass: the sync drain")."""
 
     def __init__(self, max_threads: int, name: str = "ringfence-job", *, first_threads: int = 1,
-                 grow_after_s: float = 0.005) -> None:
+                 grow_after_s: float = 0.005, grace_s: float = OVERRUN_GRACE_S) -> None:
         self.max_threads = max_threads
+        self.grace_s = grace_s
         self.first_threads = min(first_threads, max_threads)
         self.grow_after_s = grow_after_s
         self.name = name
@@ -199,9 +205,10 @@ class SyncRunner:
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout_s: float = 0.0,
                ctx: JobContext | None = None, task: str = "", on_overrun: Callable[[], None] | None = None,
                then: Callable[[SyncRun], None] | None = None, owner: Any = None) -> SyncRun:
-        """Queue a call; with ``timeout_s``, the watchdog calls ``on_overrun`` once it is past it (counted from
-        the call's start in its thread). Its outcome comes in its ``future``, or with ``then``: ``then(run)`` on
-        the loop once its thread returned (``result``, ``error``, ``overran``), and no future."""
+        """Queue a call; with ``timeout_s``, the watchdog sets ``ctx.cancelled`` once it is past it (counted from
+        the call's start in its thread) and calls ``on_overrun`` if it is still running ``grace_s`` later. Its
+        outcome comes in its ``future``, or with ``then``: ``then(run)`` on the loop once its thread returned
+        (``result``, ``error``, ``overran``), and no future."""
         loop = self._loop = asyncio.get_running_loop()
         run = SyncRun(fn, args, kwargs, None if then else loop.create_future(), timeout_s, ctx, task, on_overrun)
         if then is not None:
@@ -377,17 +384,32 @@ class SyncRunner:
         now = time.monotonic()
         earliest: float | None = None
         for run in list(self.running):
-            if run.finished or run.overran or not run.timeout_s:
+            if run.finished or run.stuck or not run.timeout_s:
                 continue
-            started = run.started
-            due = (now if started is None else started) + run.timeout_s  # a call counts from its start
-            if started is not None and due <= now:
-                run.overran = True
-                _overran(run)
-            elif earliest is None or due < earliest:
+            due = self._due(run, now)
+            if due is None:
+                continue
+            if earliest is None or due < earliest:
                 earliest = due
         if earliest is not None:
             self._arm(earliest)
+
+    def _due(self, run: SyncRun, now: float) -> float | None:
+        """(the watchdog) Act on ``run`` if a bound of it passed: its timeout, then the grace after it. When to
+        look at it again (None: never)."""
+        started = run.started
+        if started is None:
+            return now + run.timeout_s  # a call counts from its start
+        due = started + run.timeout_s + (self.grace_s if run.overran else 0.0)
+        if due > now:
+            return due
+        if not run.overran:
+            run.overran = True
+            _overran(run, self.grace_s)
+            return due + self.grace_s
+        run.stuck = True
+        _stuck(run)
+        return None
 
     def close(self) -> None:
         """Stop idle threads; calls not started yet are dropped (a running one ends on its own)."""
@@ -410,14 +432,22 @@ class SyncRunner:
             self._calls.put(None)
 
 
-def _overran(run: SyncRun) -> None:
+def _overran(run: SyncRun, grace_s: float) -> None:
     ctx = run.ctx
     if ctx is not None:
         ctx.cancelled.set()
+        job_logger(ctx).warning(
+            "job %s (%s): sync handler exceeded its timeout of %gs; ctx.cancelled is set; if it has not returned in "
+            "%gs this worker is replaced (a thread cannot be stopped)", ctx.id, run.task, run.timeout_s, grace_s)
+
+
+def _stuck(run: SyncRun) -> None:
+    ctx = run.ctx
+    if ctx is not None:
         job_logger(ctx).error(
-            "job %s (%s): sync handler exceeded its timeout of %gs; a thread cannot be stopped, so this worker stops "
-            "fetching and exits to be restarted; the job stays leased to this run until its thread ends",
-            ctx.id, run.task, run.timeout_s)
+            "job %s (%s): sync handler still running after its timeout of %gs and the grace; a thread cannot be "
+            "stopped, so this worker stops fetching and is replaced; the job stays leased to this run until its "
+            "thread ends", ctx.id, run.task, run.timeout_s)
     if run.on_overrun is not None:
         run.on_overrun()
 
@@ -427,9 +457,9 @@ async def call_sync(runner: SyncRunner, task: Task, ctx: JobContext, args: tuple
                     on_overrun: Callable[[], None]) -> Any:
     """Run a sync handler on ``runner``'s threads; ``on_thread`` receives its ``SyncRun`` (``done()`` once its
     thread has returned). The timeout counts from the moment the thread starts. Past it: ``ctx.cancelled`` is
-    set, ``on_overrun`` is called (the worker must be replaced), and this call still waits for the thread, then
-    raises ``JobTimeout``. Cancelling this call never stops the thread: the caller decides what becomes of a
-    job whose thread still runs."""
+    set, ``on_overrun`` is called if the thread has not returned ``grace_s`` later (the worker must be
+    replaced), and this call still waits for the thread, then raises ``JobTimeout``. Cancelling this call never
+    stops the thread: the caller decides what becomes of a job whose thread still runs."""
     run = runner.submit(task.fn, (ctx, *args), kwargs, timeout_s, ctx, task.name, on_overrun)
     on_thread(run)
     assert run.future is not None

@@ -234,18 +234,20 @@ class Processor:
             log.exception("shutdown: could not count the abandoned jobs")
 
     async def drain(self, timeout_s: float) -> None:
-        """Stop fetching, let running jobs finish for ``timeout_s``, then cancel them and requeue the rest."""
+        """Stop fetching, set every running job's ``ctx.cancelled`` (a job that starts from now on finds it set),
+        let them finish for ``timeout_s``, then cancel them and requeue the rest."""
         self.stopping.set()
+        self.runner.shutting_down = True
+        for r in [*self.running.values(), *self.leftover.values()]:
+            if r.ctx is not None:
+                r.ctx.cancelled.set()
         tasks = [r.task if r.task is not None else self._waiter(r) for r in self.running.values()]
         if tasks:
-            log.info("shutdown: waiting up to %gs for %d running job(s)", timeout_s, len(tasks))
+            log.info("shutdown: ctx.cancelled set; waiting up to %gs for %d running job(s)", timeout_s, len(tasks))
             await asyncio.wait(tasks, timeout=timeout_s)
-        self.runner.shutting_down = True
         # Still here: a job whose Task runs, or one with no Task whose thread has not returned (``_start_sync``).
         left = [r for r in [*self.running.values(), *self.leftover.values()] if r.task is None or not r.task.done()]
         for r in left:
-            if r.ctx is not None:
-                r.ctx.cancelled.set()
             # A sync handler's thread still running cannot be stopped: its job keeps its lease until this
             # process exits and is returned when the lease lapses, so it never runs twice at once.
             r.abandoned = r.thread is not None and not r.thread.done()

@@ -34,7 +34,7 @@ class Runner:
         self.pool, self.clock, self.fencing, self.observers = pool, clock, fencing, observers
         self.leftover = leftover  # lost sync jobs whose thread still runs (the processor's table)
         self.on_restart_required = on_restart_required  # a sync job outlived its timeout (exit 75)
-        self.shutting_down = False  # a cancelled job is then requeued, not an error
+        self.shutting_down = False  # from the stop's start: ctx.cancelled set; a cancelled job requeued, not an error
         self.bounds = AsyncBounds()  # async handlers' time bounds: one timer for all
 
     def begin(self, r: Running, a: Admitted) -> tuple[JobContext, float]:
@@ -49,6 +49,8 @@ class Runner:
             enqueued_ms=spec.enqueued_ms, token=job.token, timeout_s=timeout_s, fencing=self.fencing,
             settling=a.settling, deadline=r.started + timeout_s,
         )
+        if self.shutting_down:  # started after the stop began (admitted meanwhile): told at once
+            ctx.cancelled.set()
         return ctx, timeout_s
 
     async def run(self, r: Running, a: Admitted) -> Verdict:

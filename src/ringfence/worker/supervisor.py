@@ -5,7 +5,8 @@ A child is *started* once it has told the supervisor it serves (through a pipe, 
 exponentially; after ``give_up_after`` of them in a row the supervisor stops the others and exits 1, naming
 the reason in one line.
 A child that exits with ``EXIT_RESTART`` (a sync job outlived its timeout) asked to be replaced: it is
-restarted after ``base_s`` and never counts as a failed start."""
+restarted after ``base_s`` and never counts as a failed start. A worker with no supervisor replaces itself
+(``replace_process``: the same command executed again in the same process)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 log = logging.getLogger("ringfence.supervisor")
 
 EXIT_RESTART = 75  # the worker's "replace me" exit code (see worker.py)
 READY_ENV = "RINGFENCE_SUPERVISOR_FD"  # a supervised worker writes one byte there once it serves
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,34 @@ def notify_supervisor() -> None:
             os.close(int(fd))
         except OSError:
             pass  # the supervisor is gone; it stops us anyway
+
+
+def supervised() -> bool:
+    """Is this worker a supervisor's child (read before it serves: ``notify_supervisor`` takes the variable)?"""
+    return READY_ENV in os.environ
+
+
+def hold_stop_signals() -> None:
+    """Block SIGTERM and SIGINT: one that comes now stays pending (across an exec too) until released."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+def release_stop_signals() -> None:
+    """(once the worker handles them) Deliver a stop signal held by ``hold_stop_signals``."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def replace_process() -> NoReturn:
+    """Execute this process's command line again in place (same process id, so a service manager or a terminal
+    keeps it): every thread of the old image ends with it. Call with the stop signals held: one that comes
+    meanwhile reaches the new worker once it handles them, as a graceful stop."""
+    argv = [sys.executable, *sys.orig_argv[1:]]
+    log.warning("replacing this worker process: executing %s again", " ".join(argv))
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.execv(sys.executable, argv)
 
 
 def exit_status(returncode: int) -> int:

@@ -36,11 +36,17 @@ from ringfence.worker.observers.metrics import MetricsObserver
 from ringfence.worker.processor import Processor
 from ringfence.worker.runner import Runner
 from ringfence.worker.settle import Settler
-from ringfence.worker.supervisor import notify_supervisor
+from ringfence.worker.supervisor import (
+    hold_stop_signals,
+    notify_supervisor,
+    release_stop_signals,
+    replace_process,
+    supervised,
+)
 
 log = logging.getLogger("ringfence.worker")
 
-EXIT_RESTART = 75  # a sync job outlived its timeout: the process must be replaced
+EXIT_RESTART = 75  # a sync job outlived its timeout and the grace: the process must be replaced
 
 
 def parse_queues(spec: str) -> list[tuple[str, int]]:
@@ -116,17 +122,23 @@ class Worker:
             observers, pool)
 
     def _restart_required(self) -> None:
-        self.exit_code = EXIT_RESTART
+        if not self._signals:  # a stop asked for is a stop, not a replacement
+            self.exit_code = EXIT_RESTART
         self.processor.stopping.set()
 
     def request_stop(self) -> None:
         self._signals += 1
         if self._signals == 1:
+            self.exit_code = 0
             log.info("stopping: no new jobs; running jobs get %gs", self.settings.shutdown_timeout_s)
             self.processor.stopping.set()
         else:
             log.warning("second signal: exiting at once; leases will return running jobs to their queues")
             os._exit(130)
+
+    def stopped(self) -> bool:
+        """Has a stop signal come?"""
+        return self._signals > 0
 
     async def _connect(self) -> None:
         """Wait for Redis with backoff (one line when it does not answer, one when it does), up to
@@ -192,6 +204,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):  # from the start: a stop during start-up is graceful too
             loop.add_signal_handler(sig, self.request_stop)
+        release_stop_signals()  # one held across this process's replacement is handled now
         await self._connect()
         await asyncio.to_thread(self.runtime.prepare_fence_tables)  # not raced by the first jobs
         names = [q for q, _ in self.queues]
@@ -298,11 +311,18 @@ def run_worker(app: App, queues: list[tuple[str, int]] | None = None, *, concurr
                threads: int | None = None) -> int:
     worker = Worker(app, queues, concurrency=concurrency, strict=strict, max_wait=max_wait, scheduler=scheduler,
                     metrics_port=metrics_port, alerts=alerts, metrics_host=metrics_host, threads=threads)
+    alone = not supervised()
     code = run_loop(worker.run())
     # The loop gave the signals back to their defaults: a second signal during the rest of the exit (threads,
     # interpreter teardown, slow under load) must still mean "exit at once" with its code, not death by signal.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.request_stop())
+    if code == EXIT_RESTART and alone:
+        hold_stop_signals()
+        if not worker.stopped():  # no stop signal came: a queue is never left without its worker
+            replace_process()
+        release_stop_signals()
+        code = 0
     # The interpreter's own teardown, after the atexit hooks, gives Python handlers back to the default (death by
     # signal: 143, which a supervisor would report instead of the worker's code): from the hooks on, the stop
     # signals are ignored. The worker is exiting already, with its code.
