@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 #: The diagnostic map's order (DESIGN.md section 4): consumers first, money last.
 ORDER = ("backlog_stalled", "queue_unserved", "environment", "error_wave", "retry_storm", "future_load", "orphaned",
-         "stuck_active", "shutdown_timeout", "starvation", "outbox_lag", "in_doubt", "owner_gone", "effects",
-         "eviction", "memory", "timeouts")
+         "stuck_active", "shutdown_timeout", "starvation", "outbox_lag", "outbox_parked", "in_doubt", "owner_gone",
+         "effects", "eviction", "memory", "timeouts")
 
 __all__ = ["CHECKS", "Context", "Finding", "Report", "Snapshot", "Status", "Thresholds", "diagnose",
            "queue_gauges", "run_checks"]
@@ -56,7 +56,9 @@ def run_checks(ctx: Context, names: Iterable[str] | None = None, *, with_ok: boo
         try:
             found = list(c.run(ctx))
         except Exception as exc:  # one broken check must not hide the others' findings
-            found = [Finding(c.name, Status.WARNING, symptom=f"the check failed: {type(exc).__name__}: {exc}",
+            first = (str(exc).strip().splitlines() or [""])[0]
+            found = [Finding(c.name, Status.WARNING, symptom=f"the check failed: {type(exc).__name__}: {first}",
+                             hypothesis="the check could not read what it needs",
                              remedy="see the error; the other checks ran")]
         if not found and with_ok:
             found = [Finding(c.name, Status.OK, symptom=c.ok)]

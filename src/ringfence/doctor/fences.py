@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from ringfence.doctor.context import Context
 from ringfence.doctor.model import Finding, Status, check
@@ -13,18 +14,51 @@ def _store(ctx: Context) -> object | None:
     return ctx.app.fence_store if ctx.app.fence_url else None
 
 
+def _rows(ctx: Context, states: tuple[str, ...]) -> list[Any]:
+    """Fence rows in ``states``; raises :class:`Unusable` when the fence database cannot be used."""
+    try:
+        store: Any = _store(ctx)
+        return [r for state in states for r in store.list(state=state, limit=1000)]
+    except Exception as exc:
+        from ringfence.fence.schema import unusable_database
+
+        found = unusable_database(exc, str(ctx.app.fence_url))
+        if found is None:
+            raise
+        raise Unusable(*found) from exc
+
+
+class Unusable(Exception):
+    """The fence database cannot be used: one line, and whether it does not answer (vs. is not set up)."""
+
+    def __init__(self, line: str, unreachable: bool) -> None:
+        super().__init__(line)
+        self.unreachable = unreachable
+
+    def finding(self, check: str, status: Status) -> Finding:
+        return Finding(
+            check, status, subject="fence_database", symptom=str(self),
+            hypothesis="the fence database does not answer" if self.unreachable else
+            "fence_url names a database whose fence tables were never created (fences and the outbox need them)",
+            remedy="check that the database is up and fence_url points at it" if self.unreachable else
+            "run `ringfence fence init` with this fence_url (or apply the DDL the line names in a migration)")
+
+
 @check("in_doubt", "no fence is in doubt")
 def in_doubt(ctx: Context) -> Iterator[Finding]:
-    store = _store(ctx)
-    if store is None:
+    if not ctx.app.fence_url:
         yield Finding("in_doubt", Status.SKIPPED, symptom="no fence database configured (fence_url)")
         return
     from ringfence.reconcile import _age_s
 
-    rows = store.list(state="in_doubt", limit=1000)  # type: ignore[attr-defined]
+    try:
+        rows = _rows(ctx, ("in_doubt",))
+    except Unusable as exc:
+        yield exc.finding("in_doubt", Status.WARNING)  # said once, here; the other fence checks skip
+        return
     if not rows:
         return
-    now = store.db_now()  # type: ignore[attr-defined]
+    now = ctx.app.fence_store.db_now()
     ages = sorted((_age_s(now, r.updated_at) for r in rows), reverse=True)
     old = [a for a in ages if a >= ctx.thresholds.in_doubt_older_than_s]
     if not old:
@@ -43,13 +77,16 @@ def in_doubt(ctx: Context) -> Iterator[Finding]:
 
 @check("owner_gone", "no step past capture is left by a gone job")
 def owner_gone(ctx: Context) -> Iterator[Finding]:
-    store = _store(ctx)
-    if store is None:
+    if not ctx.app.fence_url:
         yield Finding("owner_gone", Status.SKIPPED, symptom="no fence database configured (fence_url)")
         return
     from ringfence.reconcile import PAST_CAPTURE, owner_gone
 
-    rows = [r for state in PAST_CAPTURE for r in store.list(state=state, limit=1000)]  # type: ignore[attr-defined]
+    try:
+        rows = _rows(ctx, PAST_CAPTURE)
+    except Unusable as exc:
+        yield exc.finding("owner_gone", Status.SKIPPED)
+        return
     gone = owner_gone(ctx.app, rows)
     if not gone:
         return
