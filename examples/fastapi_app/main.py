@@ -7,7 +7,8 @@
 - POST /contact: no database write to wait for, so the job is sent at once (``await task.aenqueue``);
 - /ops/ringfence: the dashboard; actions need the X-Ops-Token header.
 
-Run: ``uvicorn fastapi_app.main:api`` (from examples/), a worker and a relay beside it::
+Install (from the ringfence checkout): ``pip install -e '.[dashboard]' fastapi`` (the dashboard extra brings
+uvicorn). Run: ``uvicorn fastapi_app.main:api`` (from examples/), a worker and a relay beside it::
 
     ringfence worker --app fastapi_app.jobs:app --queues critical=6,default=3,low=1
     ringfence relay --app fastapi_app.jobs:app
@@ -21,7 +22,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, HTTPException, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
@@ -61,7 +62,7 @@ api.mount("/ops/ringfence", create_app(app, authorize=ops_only))
 
 
 class NewOrder(BaseModel):
-    amount: int
+    amount: int = Field(gt=0, le=1_000_000, strict=True, description="cents")
 
 
 @api.post("/orders")
@@ -75,19 +76,20 @@ def create_order(body: NewOrder) -> dict[str, object]:
 @api.post("/orders/{order_id}/cancel")
 def cancel_order(order_id: int) -> dict[str, object]:
     with Session(engine) as session, session.begin():
-        status = session.execute(select(orders.c.status).where(orders.c.id == order_id)).scalar()
-        if status is None:
-            raise HTTPException(404, f"no order {order_id}")
-        if status != "new":  # raising rolls the transaction back: no mail is queued
-            raise HTTPException(409, f"order {order_id} is {status}")
-        session.execute(update(orders).where(orders.c.id == order_id).values(status="cancelled"))
+        # Only a new order: one the charge job has claimed (charging) or paid stays as it is.
+        cancelled = session.execute(update(orders).where(orders.c.id == order_id, orders.c.status == "new")
+                                    .values(status="cancelled"))
+        if cancelled.rowcount != 1:  # raising rolls the transaction back: no mail is queued
+            status = session.execute(select(orders.c.status).where(orders.c.id == order_id)).scalar()
+            raise HTTPException(404 if status is None else 409,
+                                f"no order {order_id}" if status is None else f"order {order_id} is {status}")
         job_id = send_cancellation.enqueue_on_commit(session, order_id=order_id)
     return {"order_id": order_id, "job_id": job_id}
 
 
 class Contact(BaseModel):
-    email: str
-    message: str
+    email: str = Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$", max_length=254)
+    message: str = Field(min_length=1, max_length=5000)
 
 
 @api.post("/contact")
