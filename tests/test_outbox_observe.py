@@ -58,7 +58,7 @@ def test_info_shows_rows_waiting_their_age_and_the_relay(make_app, db) -> None:
     assert relay.lead()
     assert outbox_lag(app)["relay"] == relay.owner
     relay.run(once=True)
-    assert outbox_lag(app) | {"oldest_s": 0} == {"waiting": 0, "oldest_s": 0, "relay": None}
+    assert outbox_lag(app) | {"oldest_s": 0} == {"waiting": 0, "oldest_s": 0, "parked": 0, "relay": None}
     res = CliRunner().invoke(cli, ["info"], env=_env(app))
     assert res.exit_code == 0 and "outbox" in res.output, res.output
 

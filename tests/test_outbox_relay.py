@@ -155,23 +155,6 @@ def test_relay_once_exits_2_while_another_relay_holds_the_lease(make_app, db) ->
     assert res.exit_code == 0 and "relayed 1 row(s) (1 sent, 0 refused" in res.output, res.output
 
 
-def test_a_durable_row_stays_until_a_replica_confirms(make_app, db, rdb, namespace) -> None:
-    """The test Redis has no replica: WAIT confirms none, so the relay keeps the row (and retries it)."""
-    if int(rdb.info("replication")["connected_slaves"]) > 0:
-        pytest.skip("this Redis has replicas")
-    app = _app(make_app, db)
-    app.replica_timeout_s = 0.05
-    with db.begin() as conn:
-        job_id = app.registry.get("charge").with_options(durable=True).enqueue_in(conn, n=1)
-    [row] = rows(db, namespace)
-    assert row["min_replicas"] == 1
-    from ringfence.errors import NotReplicated
-
-    with pytest.raises(NotReplicated):
-        Relay(app, engine=db).run(once=True)
-    assert [r["job_id"] for r in rows(db, namespace)] == [job_id]
-
-
 def test_a_delayed_job_keeps_its_time_and_a_held_id_or_unique_key_counts_as_sent(make_app, db, rdb,
                                                                                  namespace) -> None:
     app = _app(make_app, db)

@@ -312,6 +312,8 @@ class OutboxCollector(Collector):
                                 value=lag["waiting"])
         yield GaugeMetricFamily("ringfence_outbox_oldest_seconds", "Age of the oldest waiting outbox row (relay lag)",
                                 value=lag["oldest_s"])
+        yield GaugeMetricFamily("ringfence_outbox_parked", "Outbox rows the relay parked (not sent; see the reason)",
+                                value=lag.get("parked", 0))
 
 
 def serve_exporter(broker: Broker, port: int, addr: str = "0.0.0.0", outbox: OutboxSource | None = None) -> Any:

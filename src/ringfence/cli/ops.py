@@ -37,7 +37,8 @@ def print_table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> N
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def info(app: App, as_json: bool) -> None:
     """Per queue: pending, active, scheduled, retry, dead, processed, failed, latency, paused; and the outbox's
-    relay lag (rows waiting, the oldest's age, the relay holding the lease) when the app's database has one."""
+    relay lag (rows waiting, the oldest's age, rows parked, the relay holding the lease) when the app's database
+    has one."""
     from ringfence.outbox.lag import outbox_lag
 
     rows = inspect.info(app.broker)
@@ -45,7 +46,8 @@ def info(app: App, as_json: bool) -> None:
     try:
         outbox = outbox_lag(app)
     except Exception as exc:  # the queues are still worth printing when the database does not answer
-        outbox = {"waiting": "?", "oldest_s": "?", "relay": None, "error": f"{type(exc).__name__}: {exc}"}
+        outbox = {"waiting": "?", "oldest_s": "?", "parked": "?", "relay": None,
+                  "error": f"{type(exc).__name__}: {exc}"}
     if as_json:
         print_json({"namespace": app.namespace, "environment": app.broker.environment(), "queues": rows,
                     "breakers": breakers, "outbox": outbox})
@@ -58,7 +60,8 @@ def info(app: App, as_json: bool) -> None:
         print_table("circuit breakers", [{**b, "transitions": " ".join(b["transitions"][:3])} for b in breakers],
                     ["dependency", "state", "recent_failures", "transitions"])
     if outbox is not None:
-        print_table("outbox", [{**outbox, "relay": outbox["relay"] or "none"}], ["waiting", "oldest_s", "relay"])
+        print_table("outbox", [{**outbox, "relay": outbox["relay"] or "none"}],
+                    ["waiting", "oldest_s", "parked", "relay"])
 
 
 @main.command()

@@ -1,12 +1,18 @@
-"""``ringfence outbox init|ddl`` and ``ringfence relay``."""
+"""``ringfence outbox init|ddl|status|retry`` and ``ringfence relay``."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import click
 
 from ringfence.app import App
 from ringfence.cli.base import app_option, dialect_option, main
 from ringfence.cli.fence import require_fence_store
+from ringfence.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ringfence.outbox.store import OutboxStore
 
 
 @main.group()
@@ -32,6 +38,48 @@ def ddl(dialect: str) -> None:
     from ringfence.outbox import outbox_ddl
 
     click.echo(outbox_ddl(dialect))
+
+
+@outbox.command()
+@app_option
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def status(app: App, as_json: bool) -> None:
+    """Rows waiting for the relay, the relay holding the lease, and the parked rows with the reason of each."""
+    from ringfence.cli.ops import print_json, print_table
+    from ringfence.outbox.lag import outbox_lag
+
+    lag = outbox_lag(app)
+    if lag is None:
+        raise ConfigError("no outbox table in the app's database (App(fence_url=...) or RINGFENCE_FENCE_URL); "
+                          "create it with `ringfence outbox init --app APP`")
+    parked = _store(app).parked()
+    if as_json:
+        print_json({**lag, "parked_rows": parked})
+        return
+    print_table("outbox", [{**lag, "relay": lag["relay"] or "none"}], ["waiting", "oldest_s", "parked", "relay"])
+    if parked:
+        print_table("parked rows (`ringfence outbox retry ID`)", parked,
+                    ["id", "job_id", "queue", "task", "parked_at", "reason"])
+
+
+@outbox.command()
+@app_option
+@click.argument("row_ids", nargs=-1, type=int, required=True)
+def retry(app: App, row_ids: tuple[int, ...]) -> None:
+    """Give parked rows back to the relay (by row id, as `ringfence outbox status` lists them). A row sent
+    before is refused by Redis and, for a durable row, waits for its replicas again."""
+    done = _store(app).retry(list(row_ids))
+    click.echo(f"{done} of {len(row_ids)} row(s) back to the relay")
+    if done < len(row_ids):
+        raise ConfigError(f"{len(row_ids) - done} of the row id(s) are not parked rows of namespace {app.namespace}")
+
+
+def _store(app: App) -> OutboxStore:
+    from ringfence.outbox.store import OutboxStore
+
+    store = OutboxStore(require_fence_store(app).engine, app.namespace)
+    store.check()
+    return store
 
 
 @main.command()
@@ -63,4 +111,5 @@ def relay(app: App, once: bool, batch: int, interval_s: float, interval_old: flo
     if not once:
         click.echo(f"relaying {where} (namespace {app.namespace}) to {app.broker.url}; Ctrl-C to stop", err=True)
     total = r.run(once=once, interval_s=interval_old if interval_old is not None else interval_s)
-    click.echo(f"relayed {total} row(s) ({r.counts.sent} sent, {r.counts.refused} refused as sent before)")
+    parked = f", {r.counts.parked} parked: `ringfence outbox status`" if r.counts.parked else ""
+    click.echo(f"relayed {total} row(s) ({r.counts.sent} sent, {r.counts.refused} refused as sent before{parked})")

@@ -1,12 +1,16 @@
 """The relay: moves committed outbox rows to Redis, each once, in batches, in id order per queue.
 
-One step: lock the oldest waiting rows (outbox/store.py), send them to Redis with lua/relay.lua, delete them,
-commit, then drop their sent records. Where a crash leaves things:
+One step: lock the oldest waiting rows (outbox/store.py), send them to Redis with lua/relay.lua, record each
+row's outcome (sent: deleted; cannot be sent as it is, or not confirmed by the replicas it asked for: parked
+with the reason), commit, then drop the sent rows' records. Where a crash leaves things:
 
 - after reading: the transaction dies with the process; the rows are still waiting.
-- after sending, before the delete commits: the rows are still waiting; the next step sends them again and
+- after sending, before the outcome commits: the rows are still waiting; the next step sends them again and
   Redis refuses every id it has a sent record of (answer 2), and the rows are deleted.
-- after the commit, before the sent records are dropped: the records stay until ``keep_s`` passes.
+- after the commit, before the sent records are dropped: the relay drops them once they are ``keep_s`` old.
+
+A sent record is dropped only when the database has no row of its id any more, so a row is never sent twice
+while Redis keeps its records, however long the row waited.
 
 Only the holder of the relay lease in Redis (one per namespace) runs steps; the row locks keep a relay whose
 lease ran out meanwhile from sending rows another relay has already sent.
@@ -21,14 +25,15 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ringfence.errors import ConfigError
 from ringfence.faults import RELAY_POINTS, fault_point
+from ringfence.outbox.check import problem
 from ringfence.outbox.store import Lag, OutboxStore, Waiting, relay_engine
 from ringfence.redis import outbox as redis_outbox
-from ringfence.redis.replicas import run_replicated
+from ringfence.redis.replicas import not_replicated, run_and_wait
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -45,7 +50,22 @@ POINTS = RELAY_POINTS
 class RelayCounts:
     sent: int = 0      # rows whose job went to Redis (added, or found there already)
     refused: int = 0   # rows Redis refused as sent before (a re-send after a crash)
+    parked: int = 0    # rows parked with the reason (not sent, or not confirmed by their replicas)
     steps: int = 0
+
+
+@dataclass
+class Outcome:
+    """One batch's outcome: the rows sent (deleted with the commit), the rows parked and why."""
+
+    sent: dict[str, list[Waiting]] = field(default_factory=lambda: defaultdict(list))
+    parked: dict[int, str] = field(default_factory=dict)
+
+    def sent_ids(self) -> list[int]:
+        return [r.id for rows in self.sent.values() for r in rows]
+
+    def by_queue(self) -> dict[str, list[str]]:
+        return {q: [r.job_id for r in rows] for q, rows in self.sent.items()}
 
 
 class Relay:
@@ -76,6 +96,8 @@ class Relay:
         self.counts = RelayCounts()
         self.stop = threading.Event()
         self._leading = False
+        self._checked = False
+        self._next_sweep = 0.0
 
     def lead(self) -> bool:
         """Take or renew the relay lease; True while this relay holds it."""
@@ -92,34 +114,75 @@ class Relay:
 
     def step(self) -> int:
         """Send one batch (the caller holds the lease); returns the number of rows it took."""
+        if not self._checked:
+            self.store.check()
+            self._checked = True
+        self._sweep()
         with self.store.batch(self.batch) as batch:
             fault_point("relay_after_read")
             if not batch.rows:
                 return 0
-            by_queue = self._send(batch.rows)
+            outcome = self._send(batch.rows)
             fault_point("relay_after_send")
-            batch.delete()
+            batch.finish(outcome.sent_ids(), outcome.parked)
         fault_point("relay_after_mark")
-        redis_outbox.forget_sent(self.broker, by_queue)
+        redis_outbox.forget_sent(self.broker, outcome.by_queue())
+        for row in batch.rows:
+            if row.id in outcome.parked:
+                log.error("outbox: row %d (job %s) parked: %s", row.id, row.job_id, outcome.parked[row.id])
+        self.counts.parked += len(outcome.parked)
         self.counts.steps += 1
         return len(batch.rows)
 
-    def _send(self, rows: list[Waiting]) -> dict[str, list[str]]:
+    def _send(self, rows: list[Waiting]) -> Outcome:
+        out = Outcome()
         groups: dict[str, list[Waiting]] = defaultdict(list)
         for row in rows:  # rows come in id order: each queue's jobs keep it
-            groups[row.queue].append(row)
-        self.broker.register_queues(groups)
-        for queue, group in groups.items():
-            call = redis_outbox.relay(self.broker, queue, [
-                (r.job_id, r.spec, r.run_at_ms, r.unique_key, r.unique_until_ms) for r in group], self.keep_ms)
-            replicas = max(r.min_replicas for r in group)
-            if replicas:
-                answers = run_replicated(self.broker, call, replicas, int(self.app.replica_timeout_s * 1000))
+            reason = problem(row, self.app.max_payload_bytes)
+            if reason is None:
+                groups[row.queue].append(row)
             else:
-                answers = self.broker.run(call)
+                out.parked[row.id] = reason
+        if groups:
+            self.broker.register_queues(groups)
+        for queue, group in groups.items():
+            answers, acked = self._call(queue, group)
             for row, answer in zip(group, answers, strict=True):
+                if row.min_replicas > acked:
+                    out.parked[row.id] = self._unconfirmed(row, acked)
+                    continue
                 self._count(row, answer)
-        return {q: [r.job_id for r in g] for q, g in groups.items()}
+                out.sent[queue].append(row)
+        return out
+
+    def _call(self, queue: str, group: list[Waiting]) -> tuple[list[int | str], int]:
+        """The queue's jobs in one script call, and how many replicas confirmed it (0 when none were asked)."""
+        call = redis_outbox.relay(self.broker, queue, [
+            (r.job_id, r.spec, r.run_at_ms, r.unique_key, r.unique_until_ms) for r in group])
+        replicas = max(r.min_replicas for r in group)
+        if not replicas:
+            return self.broker.run(call), 0
+        return run_and_wait(self.broker, call, replicas, self._timeout_ms())
+
+    def _timeout_ms(self) -> int:
+        return int(self.app.replica_timeout_s * 1000)
+
+    def _unconfirmed(self, row: Waiting, acked: int) -> str:
+        return ("NotReplicated: " + not_replicated(f"job {row.job_id}", acked, row.min_replicas, self._timeout_ms())
+                + "; `ringfence outbox retry` waits for the replicas again")
+
+    def _sweep(self) -> None:
+        """Drop sent records older than ``keep_s`` whose rows the database no longer has (a crash after the
+        commit left them); a record whose row still waits or is parked stays: it refuses a second send."""
+        now = time.monotonic()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + min(60.0, self.keep_ms / 2000)
+        old = redis_outbox.old_sent(self.broker, self.broker.clock() - self.keep_ms)
+        if not old:
+            return
+        kept = self.store.holding([i for ids in old.values() for i in ids])
+        redis_outbox.forget_sent(self.broker, {q: [i for i in ids if i not in kept] for q, ids in old.items()})
 
     def _count(self, row: Waiting, answer: Any) -> None:
         if answer == redis_outbox.REFUSED:
@@ -148,6 +211,8 @@ class Relay:
                     continue
                 try:
                     n = self.step()
+                except ConfigError:  # the table lacks a column: retrying cannot help
+                    raise
                 except Exception as exc:  # Redis or the database away: nothing was deleted, the rows wait
                     if once:
                         raise

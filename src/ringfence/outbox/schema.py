@@ -2,7 +2,8 @@
 
 One row per job. ``job_id`` is chosen when the row is written and becomes the job's id in Redis, so a
 relay that dies between sending and deleting the row sends it again and Redis refuses the second copy.
-The relay deletes a row once it is in Redis; every row in the table is therefore waiting.
+The relay deletes a row once it is in Redis; a row it cannot send as it is (or whose replicas did not confirm
+it) is parked instead: ``parked_at`` and ``parked_reason`` set, never sent again unless retried.
 
 Create it with :func:`create_outbox` (``ringfence outbox init``), or paste :func:`outbox_ddl`
 (``ringfence outbox ddl --dialect postgresql``) into a migration.
@@ -10,7 +11,7 @@ Create it with :func:`create_outbox` (``ringfence outbox init``), or paste :func
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Engine, Index, Integer, MetaData, String, Table
+from sqlalchemy import BigInteger, Column, Engine, Index, Integer, MetaData, String, Table, inspect
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from ringfence.fence.schema import BigId, LongText, Timestamp, create_tables
@@ -19,7 +20,9 @@ OUTBOX_TABLE = "ringfence_outbox"
 
 # Column names are part of the contract: contrib.django's migration creates this same table.
 COLUMNS = ("id", "namespace", "job_id", "queue", "task", "spec", "run_at_ms", "unique_key", "unique_until_ms",
-           "min_replicas", "created_at")
+           "min_replicas", "created_at", "parked_at", "parked_reason")
+#: Columns added after the table's first form: ``create_outbox`` adds them to an existing table.
+LATER_COLUMNS = ("parked_at", "parked_reason")
 
 
 def outbox_table(metadata: MetaData, name: str = OUTBOX_TABLE) -> Table:
@@ -38,16 +41,41 @@ def outbox_table(metadata: MetaData, name: str = OUTBOX_TABLE) -> Table:
         Column("unique_until_ms", BigInteger),              # epoch ms when the unique hold ends
         Column("min_replicas", Integer),                    # replicas that must confirm the send; NULL: 0
         Column("created_at", Timestamp, nullable=False),    # the database's clock (relay lag)
+        Column("parked_at", Timestamp),                     # NULL: waiting; else the relay parked the row
+        Column("parked_reason", LongText),                  # why (a bad job id, no replica confirmed it ...)
         Index(f"ix_{name}_ns", "namespace", "id"),
     )
 
 
 def create_outbox(engine: Engine, *, table_name: str = OUTBOX_TABLE) -> Table:
-    """Create the outbox table if missing (idempotent) and return it."""
+    """Create the outbox table if missing, add the columns an older table lacks (idempotent); return it."""
     md = MetaData()
     table = outbox_table(md, table_name)
     create_tables(md, engine)
+    for name in missing_columns(engine, table_name):
+        kind = table.c[name].type.compile(dialect=engine.dialect)
+        try:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(f"ALTER TABLE {table_name} ADD COLUMN {name} {kind}")
+        except Exception:
+            if name in missing_columns(engine, table_name):  # else another process added it meanwhile
+                raise
     return table
+
+
+def later_column_types(dialect: str) -> list[tuple[str, str]]:
+    """(name, SQL type) of each later column for ``dialect``: what ``ALTER TABLE ... ADD COLUMN`` takes."""
+    from sqlalchemy.engine import make_url
+
+    dia = make_url(f"{dialect}://").get_dialect()()
+    table = outbox_table(MetaData())
+    return [(name, table.c[name].type.compile(dialect=dia)) for name in LATER_COLUMNS]
+
+
+def missing_columns(engine: Engine, table_name: str = OUTBOX_TABLE) -> list[str]:
+    """The relay's columns an existing outbox table lacks (made before they were added)."""
+    have = {c["name"] for c in inspect(engine).get_columns(table_name)}
+    return [name for name in LATER_COLUMNS if name not in have]
 
 
 def outbox_ddl(dialect: str, *, table_name: str = OUTBOX_TABLE) -> str:

@@ -19,12 +19,12 @@ def _sent(raw: Any) -> list[int | str]:
     return [x.decode() if isinstance(x, bytes) else int(x) for x in raw]
 
 
-def relay(broker: Broker, queue: str, jobs: Iterable[Job], keep_ms: int) -> Call[list[int | str]]:
+def relay(broker: Broker, queue: str, jobs: Iterable[Job]) -> Call[list[int | str]]:
     """Enqueue ``jobs`` (in order) unless the relay sent their id before. Parses to one value per job: 1 added
     (or already there, same spec), 0 the id holds another job, 2 refused (sent before), else a unique key's
     holder."""
     k = broker.keys.queue(queue)
-    args: list[Any] = [broker.clock(), k.wake, keep_ms]
+    args: list[Any] = [broker.clock(), k.wake]
     for job in jobs:
         args += list(job)
     return Call("relay", [k.jobs, k.pending, k.scheduled, k.idle, k.stats, k.unique, k.unique_exp, k.outbox_sent],
@@ -38,6 +38,18 @@ def forget_sent(broker: Broker, by_queue: dict[str, list[str]]) -> None:
             if ids:
                 p.zrem(broker.keys.queue(queue).outbox_sent, *ids)
         p.execute()
+
+
+def old_sent(broker: Broker, before_ms: int, limit: int = 500) -> dict[str, list[str]]:
+    """Per queue of the namespace, up to ``limit`` ids sent before ``before_ms`` whose records are still kept."""
+    queues = sorted(x.decode() if isinstance(x, bytes) else x for x in broker.sync.smembers(broker.keys.queues))
+    out: dict[str, list[str]] = {}
+    for queue in queues:
+        ids: list[Any] = broker.sync.zrangebyscore(broker.keys.queue(queue).outbox_sent, "-inf", before_ms, start=0,
+                                                   num=limit)
+        if ids:
+            out[queue] = [x.decode() if isinstance(x, bytes) else str(x) for x in ids]
+    return out
 
 
 def sent_count(broker: Broker, queue: str) -> int:

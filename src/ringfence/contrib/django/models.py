@@ -80,7 +80,7 @@ class FailedJob(models.Model):
 
 class OutboxRow(models.Model):
     """A job written by ``task.enqueue_in(connection, ...)``, waiting for the relay (``ringfence relay``), which
-    deletes it once it is in Redis: every row here is waiting."""
+    deletes it once it is in Redis, or parks it with the reason (``parked_at``) when it cannot send it."""
 
     id = models.BigAutoField(primary_key=True)
     namespace = models.CharField(max_length=255)
@@ -93,6 +93,8 @@ class OutboxRow(models.Model):
     unique_until_ms = models.BigIntegerField(null=True)
     min_replicas = models.IntegerField(null=True)
     created_at = models.DateTimeField()
+    parked_at = models.DateTimeField(null=True)
+    parked_reason = models.TextField(null=True)
 
     class Meta:
         managed = False

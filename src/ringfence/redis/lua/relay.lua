@@ -9,24 +9,23 @@
 -- KEYS[5] stats       hash  counters (enqueued, outbox_refused)
 -- KEYS[6] unique      hash  unique key -> id of the job holding it
 -- KEYS[7] unique_exp  zset  unique key -> ms when the hold ends
--- KEYS[8] sent        zset  id -> ms the relay sent it (removed once its row is deleted; else kept ARGV[3] ms)
+-- KEYS[8] sent        zset  id -> ms the relay sent it (removed by the relay once its row is gone from the
+--                           database, never while the row is there)
 -- ARGV[1] now ms
 -- ARGV[2] wake channel
--- ARGV[3] keep ms: sent records older than this are forgotten
--- ARGV[4..] groups of 5: id, spec JSON, run-at ms (0 = now), unique key ('' = none), unique hold end ms
+-- ARGV[3..] groups of 5: id, spec JSON, run-at ms (0 = now), unique key ('' = none), unique hold end ms
 -- Returns: per job 1 (added, or the id holds this very spec), 0 (the id holds another job), 2 (sent before:
 -- refused) or the id of the queued or running job that holds the unique key.
 local now = tonumber(ARGV[1])
 --@include add_job
-for i = 4, #ARGV, 5 do
+for i = 3, #ARGV, 5 do
   if not tonumber(ARGV[i + 2]) or not tonumber(ARGV[i + 4]) then
     return redis.error_reply('relay: run-at and hold end of job ' .. ARGV[i] .. ' must be numbers')
   end
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now - tonumber(ARGV[3]))
 forget_stale_holds(now)
 local out, added, ready, refused = {}, 0, 0, 0
-for i = 4, #ARGV, 5 do
+for i = 3, #ARGV, 5 do
   local id = ARGV[i]
   if redis.call('ZSCORE', KEYS[8], id) then
     refused = refused + 1
