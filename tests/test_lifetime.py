@@ -162,3 +162,12 @@ def test_at_info_a_worker_says_what_it_did_once_per_interval(redis_url, namespac
     assert by_task[noop] == {"done": 20, "retried": 0, "dead": 0, "requeued": 0}
     assert by_task[fails] == {"done": 0, "retried": 0, "dead": 1, "requeued": 0}
     assert len(summaries) <= 4  # one per task per interval with news, none while idle
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_a_bad_summary_interval_is_refused(redis_url, namespace, rdb, spawn_worker, value: str) -> None:
+    w = spawn_worker(*APP, "-p", "2", "--summary-s", value)
+    assert w.wait(20) == 2
+    out = w.output()
+    assert f"--summary-s {float(value)}: must be a number of seconds >= 0" in out, out
+    assert not rdb.keys(f"{namespace}:servers*"), "a worker started"

@@ -25,11 +25,14 @@ import orjson
 
 #: The fields a job's log lines carry, in this order.
 JOB_FIELDS = ("job_id", "task", "queue", "attempt", "fence_key")
+#: Fields of other lines a JSON line carries when present (``summary``: a worker's counts per task, summary.py).
+OTHER_FIELDS = ("summary",)
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s%(job_suffix)s"
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts (UTC ISO-8601), level, logger, msg, the job fields present, and exc."""
+    """One JSON object per line: ts (UTC ISO-8601), level, logger, msg, the job fields and other fields
+    present, and exc."""
 
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, Any] = {
@@ -38,7 +41,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for name in JOB_FIELDS:
+        for name in (*JOB_FIELDS, *OTHER_FIELDS):
             value = getattr(record, name, None)
             if value is not None:
                 doc[name] = value

@@ -31,14 +31,20 @@ from ringfence.settings import DEFAULT_THREADS, check_threads
               help="address /metrics binds (0.0.0.0: every interface, e.g. for a scraper on another host)")
 @click.option("--alerts/--no-alerts", default=True, show_default=True,
               help="evaluate alert rules (one worker at a time holds the evaluator lease)")
+@click.option("--summary-s", type=float, default=10.0, show_default=True,
+              help="seconds between INFO summary lines (per task and queue: jobs done, retried, dead, requeued); "
+                   "0: none")
 def worker(app: App, queues: str | None, concurrency: int, processes: int, threads: int | None, strict: bool,
-           max_wait: str | None, scheduler: bool, metrics_port: int | None, metrics_host: str, alerts: bool) -> None:
+           max_wait: str | None, scheduler: bool, metrics_port: int | None, metrics_host: str, alerts: bool,
+           summary_s: float) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal exits at once)."""
+    from ringfence.worker.summary import check_summary_s
     from ringfence.worker.supervisor import supervise
     from ringfence.worker.worker import parse_max_wait, parse_queues, run_worker
 
     if processes < 1:
         raise ConfigError(f"--processes {processes} must be >= 1")
+    check_summary_s(summary_s)  # said once, before any child starts
     check_threads(threads, concurrency)  # said once, before any child starts
     check_port("--metrics-port", metrics_port)
     parsed = parse_queues(queues) if queues else None
@@ -48,7 +54,8 @@ def worker(app: App, queues: str | None, concurrency: int, processes: int, threa
         sys.exit(supervise([child_command(ctx, slot) for slot in range(processes)]))
     sys.exit(run_worker(app, parsed, concurrency=concurrency, strict=strict,
                         max_wait=parse_max_wait(max_wait) if max_wait else None, scheduler=scheduler,
-                        metrics_port=metrics_port, alerts=alerts, metrics_host=metrics_host, threads=threads))
+                        metrics_port=metrics_port, alerts=alerts, metrics_host=metrics_host, threads=threads,
+                        summary_s=summary_s))
 
 
 def child_command(ctx: click.Context, slot: int) -> list[str]:

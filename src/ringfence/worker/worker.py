@@ -36,6 +36,7 @@ from ringfence.worker.observers.metrics import MetricsObserver
 from ringfence.worker.processor import Processor
 from ringfence.worker.runner import Runner
 from ringfence.worker.settle import Settler
+from ringfence.worker.summary import DEFAULT_SUMMARY_S, Summary, check_summary_s
 from ringfence.worker.supervisor import (
     hold_stop_signals,
     notify_supervisor,
@@ -74,7 +75,7 @@ class Worker:
                  strict: bool = False, settings: WorkerSettings | None = None,
                  max_wait: dict[str, float] | None = None, scheduler: bool = False,
                  metrics_port: int | None = None, alerts: bool = True, metrics_host: str = "127.0.0.1",
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, summary_s: float = DEFAULT_SUMMARY_S) -> None:
         if concurrency < 1:
             raise ConfigError(f"--concurrency {concurrency} must be >= 1")
         self.threads = check_threads(threads, concurrency)
@@ -96,6 +97,7 @@ class Worker:
         self.metrics_host = metrics_host
         self.queues_from_tasks = queues is None  # said at start: an operator may expect "every queue"
         self.alerts = alerts
+        self.summary_s = check_summary_s(summary_s)
         self.metrics = Metrics()
         self.processor = self._pipeline(max_wait)
         self._signals = 0
@@ -237,6 +239,8 @@ class Worker:
             from ringfence.alerts import AlertLoop
 
             loops.append(AlertLoop(self.app, self.app.alert_rules, owner=self.server_id))
+        if self.summary_s:
+            loops.append(Summary(self.metrics, self.summary_s))
         http = self._serve_metrics()
         for component in loops:
             component.health = self.broker.health
@@ -308,9 +312,10 @@ def _ignore_stop_signals() -> None:
 def run_worker(app: App, queues: list[tuple[str, int]] | None = None, *, concurrency: int = 10,
                strict: bool = False, max_wait: dict[str, float] | None = None, scheduler: bool = False,
                metrics_port: int | None = None, alerts: bool = True, metrics_host: str = "127.0.0.1",
-               threads: int | None = None) -> int:
+               threads: int | None = None, summary_s: float = DEFAULT_SUMMARY_S) -> int:
     worker = Worker(app, queues, concurrency=concurrency, strict=strict, max_wait=max_wait, scheduler=scheduler,
-                    metrics_port=metrics_port, alerts=alerts, metrics_host=metrics_host, threads=threads)
+                    metrics_port=metrics_port, alerts=alerts, metrics_host=metrics_host, threads=threads,
+                    summary_s=summary_s)
     alone = not supervised()
     code = run_loop(worker.run())
     # The loop gave the signals back to their defaults: a second signal during the rest of the exit (threads,
