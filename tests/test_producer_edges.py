@@ -4,6 +4,8 @@ needed) and with real worker processes (tests/producerapp.py):
 - names are checked whole: a final newline in a queue, a job id or a namespace is refused, on the API and the CLI;
 - an explicit job id enqueued again after its run finished: waiters get the new run's result, never the old one;
 - an enqueue the Redis user may not finish (ACL) is refused before any write: nothing is left behind;
+- enqueue_many sends bounded calls: 100,000 jobs in a bounded client memory, and a call refused after others
+  went says which jobs were queued (PartlyEnqueued);
 - results are capped like payloads (max_result_bytes), and payloads and results nested too deep are refused with
   a PayloadError naming the limit (never a RecursionError);
 """
@@ -11,6 +13,7 @@ needed) and with real worker processes (tests/producerapp.py):
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -20,11 +23,12 @@ from typing import Any
 import pytest
 import redis
 
-from ringfence import App, BrokerError, ConfigError, JobFailed, PayloadError, ResultTimeout
+from ringfence import App, BrokerError, ConfigError, JobFailed, PartlyEnqueued, PayloadError, RedisFull, ResultTimeout
+from ringfence.client import CHUNK_JOBS
 from ringfence.inspect import find_dead
 from ringfence.payloads import MAX_DEPTH
 from ringfence.redis.embedded import EmbeddedRedis
-from support import ROOT, WorkerProc, wait_until
+from support import ROOT, WorkerProc
 
 NAME_RULE = "must be 1 to 64 characters"
 
@@ -218,3 +222,61 @@ def test_a_payload_nested_too_deep_is_a_payload_error_naming_the_limit(
         app.enqueue_many(t, [{"value": 1}, {"value": nested(levels)}])
     assert job_keys(rdb, namespace) == []
     assert t.enqueue(value=nested(MAX_DEPTH - 2))  # at the limit: queued
+
+
+# -- enqueue_many in bounded calls --------------------------------------------------------------------------
+MANY_PRODUCER = """
+import json, resource, sys
+from ringfence import App
+app = App(sys.argv[1], "many")
+
+@app.task(name="job")
+def job(ctx, order: int, note: str = "") -> None: ...
+
+app.enqueue_many(job, [{"order": -1}])  # connect, load the script
+payloads = [{"order": i, "note": "n" * 40} for i in range(int(sys.argv[2]))]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+ids = app.enqueue_many(job, payloads)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"ids": len(set(ids)), "first": ids[0], "last": ids[-1], "peak_mb": (peak - before) / 1024}))
+"""
+
+
+def test_enqueue_many_of_100_000_jobs_goes_in_bounded_calls(private_redis: EmbeddedRedis) -> None:
+    admin = redis.Redis.from_url(private_redis.url)
+    n = 100_000
+    admin.config_resetstat()
+    done = subprocess.run([sys.executable, "-c", MANY_PRODUCER, private_redis.url, str(n)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    made = json.loads(done.stdout)
+    assert made["ids"] == n
+    pending = "many:{many:default}:pending"
+    assert admin.llen(pending) == n + 1
+    assert admin.lindex(pending, -2).startswith(made["first"].encode())  # in payload order
+    assert admin.lindex(pending, 0).startswith(made["last"].encode())
+    calls = admin.info("commandstats")["cmdstat_evalsha"]["calls"]
+    assert calls >= n // CHUNK_JOBS  # no call carries more than CHUNK_JOBS jobs
+    assert made["peak_mb"] < 150, made  # one call of all of them took ~480 MB
+
+
+def test_a_call_refused_after_others_went_says_which_jobs_were_queued(private_redis: EmbeddedRedis,
+                                                                      namespace: str) -> None:
+    admin = redis.Redis.from_url(private_redis.url)
+    app = App(private_redis.url, namespace, environment="test")
+    t = declare(app)["anything"]
+    t.enqueue(value=0)  # the script loaded, the queue registered
+    used = int(admin.info("memory")["used_memory"])
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", used + 2 * 1024 * 1024)
+    payloads = [{"value": "v" * 300} for _ in range(20 * CHUNK_JOBS)]  # ~7 MB: some calls fit, then Redis is full
+    with pytest.raises(PartlyEnqueued) as caught:
+        app.enqueue_many(t, payloads)
+    err = caught.value
+    assert 0 < len(err.ids) < len(payloads) and err.positions == list(range(len(err.ids)))
+    assert isinstance(err.__cause__, RedisFull) and "were not" in str(err)
+    pending = app.broker.keys.queue("default").pending
+    assert admin.llen(pending) == 1 + len(err.ids)  # exactly the jobs it names were queued
+    admin.config_set("maxmemory", 0)
+    rest = app.enqueue_many(t, payloads[len(err.ids):])
+    assert admin.llen(pending) == 1 + len(payloads) and len(set(err.ids + rest)) == len(payloads)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 import orjson
 
-from ringfence.errors import ConfigError, DuplicateJob, PayloadError
+from ringfence.errors import ConfigError, DuplicateJob, PartlyEnqueued, PayloadError
 from ringfence.models import JobSpec, Prepared, new_job_id
 from ringfence.outbox import write as outbox_write
 from ringfence.redis.broker import Broker
@@ -19,6 +19,25 @@ from ringfence.redis.ready import ReadyEnqueue
 from ringfence.redis.replicas import arun_replicated, run_replicated
 from ringfence.settings import MAX_ATTEMPTS_LIMIT, WorkerSettings, check_name
 from ringfence.tasks import NO_OPTIONS, EnqueueOptions, Task
+
+#: An ``enqueue_many`` call sends at most this many jobs, and about this many bytes, per script call: Redis runs
+#: one script at a time, so other clients wait for one bounded call, not the whole batch, and this client packs
+#: one call's command at a time.
+CHUNK_JOBS = 1000
+CHUNK_BYTES = 1 << 20
+
+
+def _chunks(idx: list[int], prepared: list[Prepared]) -> Iterator[list[int]]:
+    part: list[int] = []
+    size = 0
+    for i in idx:
+        part.append(i)
+        size += len(prepared[i].spec)
+        if len(part) >= CHUNK_JOBS or size >= CHUNK_BYTES:
+            yield part
+            part, size = [], 0
+    if part:
+        yield part
 
 
 class ProducerConfig(Protocol):
@@ -69,7 +88,8 @@ class Client:
         ukey, until = self._unique(task, args, opts, max(now, at))
         encoded = spec.encode()
         self._check_size(task, encoded)
-        return Prepared(queue, job_id, encoded, at, ukey, until)
+        # orjson's bytes keep their 4 KiB buffer; a copy holds only the spec (enqueue_many keeps 100,000s of them)
+        return Prepared(queue, job_id, bytes(memoryview(encoded)), at, ukey, until)
 
     def check_options(self, task: Task, opts: EnqueueOptions) -> str:
         """The checks of ``prepare`` that need no clock (and so no Redis); returns the queue."""
@@ -134,13 +154,27 @@ class Client:
         retry of this very call can repeat one, and with no result to wait on (waiters look jobs up by id)."""
         return opts.job_id is None and not task.store_result
 
-    def _calls(self, prepared: list[Prepared], inline: bool) -> list[tuple[list[int], Any]]:
-        """One script call per queue, with the positions of its jobs in ``prepared``."""
+    def _calls(self, prepared: list[Prepared], inline: bool) -> Iterator[tuple[list[int], Any]]:
+        """Script calls of at most ``CHUNK_JOBS`` jobs and about ``CHUNK_BYTES`` each, one queue each, with the
+        positions of their jobs in ``prepared``; made one at a time, so only one call's arguments exist at once."""
         by_queue: dict[str, list[int]] = defaultdict(list)
         for i, p in enumerate(prepared):
             by_queue[p.queue].append(i)
-        return [(idx, self.app.broker.enqueue(q, [prepared[i][1:] for i in idx], inline))
-                for q, idx in by_queue.items()]
+        for q, idx in by_queue.items():
+            for part in _chunks(idx, prepared):
+                yield part, self.app.broker.enqueue(q, [prepared[i][1:] for i in part], inline)
+
+    @staticmethod
+    def _partly(prepared: list[Prepared], done: list[tuple[list[int], list[bool | str]]],
+                exc: Exception) -> PartlyEnqueued:
+        """The error of an ``enqueue_many`` whose call ``exc`` failed after earlier calls went, with the ids they
+        queued (a unique key's holder for a job it did not add, as ``enqueue_many`` returns without
+        raise_on_duplicate)."""
+        ids = Client._ids(prepared, done, NO_OPTIONS)
+        went = sorted(i for idx, _ in done for i in idx)
+        return PartlyEnqueued(f"enqueue_many: {len(went):,} of {len(prepared):,} jobs were queued, then "
+                              f"{type(exc).__name__}: {str(exc).strip()}; the others were not (.ids lists the queued "
+                              "ones, .positions their places in the payloads)", [ids[i] for i in went], went)
 
     @staticmethod
     def _ids(prepared: list[Prepared], results: list[tuple[list[int], list[bool | str]]],
@@ -240,13 +274,22 @@ class Client:
         return await outbox_write.aenqueue_in(task, conn, payload, opts)
 
     def enqueue_many(self, task: Task, payloads: Iterable[Any], opts: EnqueueOptions) -> list[str]:
+        """Every payload is checked and encoded before the first call: a bad one sends nothing. The jobs then go
+        in bounded calls (``_calls``); a call that fails after others went raises PartlyEnqueued."""
         prepared = [self.prepare(task, p, opts) for p in payloads]
         broker = self.app.broker
         new = self._new_queues(prepared)
         broker.register_queues(new)
         self._known_queues.update(new)
-        calls = self._calls(prepared, self._inline(task, opts))
-        return self._ids(prepared, [(idx, self._run(call, opts)) for idx, call in calls], opts)
+        done: list[tuple[list[int], list[bool | str]]] = []
+        for idx, call in self._calls(prepared, self._inline(task, opts)):
+            try:
+                done.append((idx, self._run(call, opts)))
+            except Exception as exc:
+                if not done:
+                    raise
+                raise self._partly(prepared, done, exc) from exc
+        return self._ids(prepared, done, opts)
 
     async def aenqueue(self, task: Task, payload: Any, opts: EnqueueOptions) -> str:
         return (await self.aenqueue_many(task, [payload], opts))[0]
@@ -260,6 +303,13 @@ class Client:
         new = self._new_queues(prepared)
         await broker.aregister_queues(new)
         self._known_queues.update(new)
-        calls = self._calls(prepared, self._inline(task, opts))
-        return self._ids(prepared, [(idx, await self._arun(call, opts)) for idx, call in calls], opts)
+        done: list[tuple[list[int], list[bool | str]]] = []
+        for idx, call in self._calls(prepared, self._inline(task, opts)):
+            try:
+                done.append((idx, await self._arun(call, opts)))
+            except Exception as exc:
+                if not done:
+                    raise
+                raise self._partly(prepared, done, exc) from exc
+        return self._ids(prepared, done, opts)
 

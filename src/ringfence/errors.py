@@ -14,6 +14,7 @@
     │   ├── RedisFull          Redis is at maxmemory: writes that add data (enqueue) are refused
     │   ├── NotReplicated      a durable write reached fewer replicas than asked within its timeout
     │   ├── NotPermitted       the Redis user may not run a command the call needs (ACL): refused before any write
+    │   ├── PartlyEnqueued     enqueue_many: a call failed after earlier ones queued some of the jobs (.ids)
     │   └── CannotConnect      Redis cannot be reached or refused the login (or its URL is malformed)
     │       └── BadRedisUrl    (also a ConfigError) an unknown scheme or a malformed cluster/Sentinel URL
     ├── ResultError            app.result(job_id) has no result to return
@@ -95,6 +96,17 @@ class NotReplicated(BrokerError):
 class NotPermitted(BrokerError):
     """The Redis user may not run a command (or touch a key or channel) the call needs (ACL). An enqueue is refused
     whole, before any write: nothing of it is stored."""
+
+
+class PartlyEnqueued(BrokerError):
+    """``enqueue_many`` sends its jobs in bounded calls, and one failed after earlier ones went: ``ids`` are the
+    jobs that were queued, ``positions`` their places among the payloads; the others were not queued (the
+    original error is the ``__cause__``)."""
+
+    def __init__(self, message: str, ids: list[str], positions: list[int]) -> None:
+        self.ids = ids
+        self.positions = positions
+        super().__init__(message)
 
 
 class CannotConnect(BrokerError):
