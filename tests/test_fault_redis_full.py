@@ -177,7 +177,7 @@ def test_every_script_declares_keys_of_one_slot() -> None:
         b.replay("q", ["j"]), b.delete_dead("q", ["j"]), b.breaker_allow("d", 1, 1),
         b.breaker_record("d", True, 1, 1, 1, "f"), b.acquire_slot("task", "t", 1, "j", 2),
         b.extend_slots("task", "t", [("j", 2)]), b.spec_heads("q"), b.cancel("q", "j", {"reason": "r"}),
-        b.purge("q", 1), b.latency_sample("q", 1), relay(b, "q", [("j", b"{}", 0, "", 0)], 1000),
+        b.purge("q", 1), b.latency_sample("q", 1), relay(b, "q", [("j", b"{}", 0, "", 0)]),
         b.pending_slice("q", "j", 0),
     ]
     for call in calls:
