@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import click
-import orjson
 
 from ringfence import jobs
 from ringfence.app import App
 from ringfence.cli.base import app_option, main
 from ringfence.cli.ops import _known_queue, print_json, queue
 from ringfence.errors import ConfigError, DuplicateJob
-from ringfence.oncommit import options_from_record
 
 
 @main.group()
@@ -49,26 +46,29 @@ def cancel(app: App, job_id: str) -> None:
 @click.argument("source", type=click.File("r"), default="-")
 def resend(app: App, source: Any) -> None:
     """Send on-commit jobs that Redis did not take at commit time. SOURCE (default: stdin) holds their log
-    lines ("on-commit job not sent ...") or bare JSON records; each job keeps its id, so a job still queued is
-    reported and not sent twice."""
+    lines ("on-commit job not sent ...", text or --log-json) or bare JSON records. Every line is checked
+    first: one bad line and nothing is sent. Each job keeps its id, so a job still queued is reported and not
+    sent twice."""
+    from ringfence.cli.resend import read
+
+    checked, refused, notes = read(app, source)
+    for r in refused:
+        click.echo(f"line {r.line}: {r.reason}", err=True)
+    if refused:
+        raise ConfigError(f"{len(refused)} line(s) refused (listed above); nothing sent: fix or remove them "
+                          "and run again")
+    for note in notes:
+        click.echo(note)
     sent = queued = 0
-    for line in source:
-        start = line.find("{")
-        if start < 0:
-            continue
+    for c in checked:
         try:
-            record = orjson.loads(line[start:])
-            task = app.resolve(str(record["task"]))
-            opts = replace(options_from_record(record), raise_on_duplicate=True)
-            app.client.enqueue(task, record["args"], opts)
+            app.client.enqueue(c.task, c.args, c.options)
         except DuplicateJob:
             queued += 1
-            click.echo(f"{record['id']}: queued already, not sent again")
+            click.echo(f"line {c.line}: {c.job_id}: queued already, not sent again")
             continue
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ConfigError(f"not an on-commit job record: {line.strip()[:120]!r} ({exc})") from exc
         sent += 1
-        click.echo(f"{record['id']}: sent")
+        click.echo(f"line {c.line}: {c.job_id}: sent")
     click.echo(f"{sent} sent, {queued} queued already")
 
 
