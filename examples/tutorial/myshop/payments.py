@@ -1,6 +1,5 @@
-"""The payment provider. Here a fake one that behaves like a real provider: a repeated idempotency key answers
-the first charge and charges nothing. With Stripe this would be
-``stripe.PaymentIntent.create(amount=amount, currency="eur", confirm=True, ..., idempotency_key=key).id``."""
+"""The payment provider: a fake one that behaves like a real provider (a repeated idempotency key answers the
+first charge and charges nothing)."""
 
 import os
 

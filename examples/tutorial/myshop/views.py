@@ -10,9 +10,3 @@ def place_order(conn: Connection, amount: int) -> tuple[int, str]:
     order_id = conn.execute(insert(orders).values(amount=amount)).inserted_primary_key[0]
     job_id = charge_order.enqueue_in(conn, order_id=order_id, amount=amount)
     return order_id, job_id
-
-
-# In your web framework's handler:
-#
-#     with engine.begin() as conn:        # commits both rows, or neither
-#         order_id, job_id = place_order(conn, amount=1999)

@@ -1,12 +1,22 @@
-import pytest
-from myshop.db import engine, metadata
+"""The tests' own shop database and provider ledger, set before myshop reads them at import."""
 
-from ringfence.fence import create_all
-from ringfence.outbox import create_outbox
+import os
+import tempfile
+
+import pytest
+
+folder = tempfile.mkdtemp()
+os.environ["SHOP_DATABASE_URL"] = f"sqlite:///{folder}/shop.db"
+os.environ["SHOP_PSP_DB"] = f"{folder}/psp.db"
 
 
 @pytest.fixture(scope="session", autouse=True)
 def tables() -> None:
+    from myshop.db import engine, metadata
+
+    from ringfence.fence import create_all
+    from ringfence.outbox import create_outbox
+
     metadata.create_all(engine)  # in a real project: your migrations
     create_all(engine)
     create_outbox(engine)
