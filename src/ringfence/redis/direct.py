@@ -5,10 +5,12 @@ observability hooks, a retry closure); a ``task.enqueue`` is one such call, so i
 cost. Here a call takes a connection of the client's own kind (``pool.make_connection()``: same address, auth,
 TLS, timeouts, health checks) from a free list, writes the command packed by hiredis to the connection's socket
 and reads the reply with the connection's own hiredis reader: 21 % fewer instructions per ``task.enqueue`` than
-redis-py's ``send_command``/``read_response`` (docs/benchmarks.md). redis-py still connects, authenticates and
-runs the health-check PING (a new or idle connection goes through those two) and reads a RESP3 push message.
-The rules of ``connection.py`` stay: one retry after a connection error (the connection reconnects), none after
-a timeout (the script may have run); a connection that failed mid-command is closed before it is reused.
+redis-py's ``send_command``/``read_response``. redis-py still connects, authenticates and runs the health-check
+PING (a new or idle connection goes through those two) and reads a RESP3 push message. The rules of
+``connection.py`` stay: one retry after a connection error (the connection reconnects), none after a timeout (the
+script may have run); a connection that failed mid-command is closed before it is reused. The parser module and a
+connection's attributes are redis-py's private parts: :func:`unknown` checks them, and a client whose pool does
+not have them (or caches replies client-side) keeps redis-py's path (docs/architecture.md, "Dependencies").
 """
 
 from __future__ import annotations
@@ -154,10 +156,10 @@ class DirectCalls:
 class AsyncDirectCalls:
     """The same for the asyncio client (the worker's fetch and ack scripts): ``Redis.evalsha`` there costs a
     pool checkout, a retry closure and an ``asyncio.wait_for`` Task per write, all on the loop while it holds
-    the GIL the job threads wait for (docs/benchmarks.md, "Fifth pass: the sync drain"). Here a call writes the
-    packed command to a kept connection's transport and reads the reply with its own hiredis reader, under one
-    ``asyncio.timeout`` of the connection's ``socket_timeout``. Same fallbacks and retry rules as above; a
-    call cancelled mid-command (shutdown) closes its connection."""
+    the GIL the job threads wait for. Here a call writes the packed command to a kept connection's transport and
+    reads the reply with its own hiredis reader, under one ``asyncio.timeout`` of the connection's
+    ``socket_timeout``. Same fallbacks and retry rules as above; a call cancelled mid-command (shutdown) closes
+    its connection."""
 
     def __init__(self, client: aioredis.Redis) -> None:
         self.pool = client.connection_pool
