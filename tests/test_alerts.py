@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import threading
+from dataclasses import replace
 from typing import ClassVar
 
 import orjson
@@ -14,7 +15,7 @@ from ringfence.alerts import AlertLoop, AlertRules
 from ringfence.doctor import Thresholds
 from ringfence.redis import observe
 from ringfence.worker.worker import Worker
-from support import wait_until
+from support import FAST, wait_until
 
 RULES = AlertRules(thresholds=Thresholds(sample_s=0.0), interval_s=0.1, lease_s=5.0)
 
@@ -95,3 +96,47 @@ async def test_webhook_is_retried_in_the_background(make_app) -> None:
     assert first == retried
     assert retried["kind"] == "queue_unserved" and retried["status"] == "firing"
     assert retried["numbers"]["waiting"] == 1 and retried["namespace"] == app.namespace
+
+
+async def test_error_wave_of_one_unregistered_task_fires_once_then_resolves_once(make_app) -> None:
+    """One job of a task no worker registers, deferred every defer_s: the deferral counter rises in some samples
+    and not in others; the incident stays open while it keeps rising (within the wave window), and says what it
+    saw — deferrals, not "0 job(s) dead"."""
+    app = make_app(environment="test", worker=replace(FAST, defer_s=0.3))
+
+    @app.task(name="alerts.known")
+    async def known(ctx, n: int) -> None: ...
+
+    producer = make_app(environment="test")
+
+    @producer.task(name="alerts.gone")
+    async def gone(ctx, n: int) -> None: ...
+
+    gone.enqueue(n=1)
+    rules = AlertRules(thresholds=Thresholds(sample_s=0.0, wave_window_s=3.0), checks=("error_wave",),
+                       interval_s=0.1, lease_s=5.0)
+    loop = AlertLoop(app, rules)
+    events = []
+    worker = Worker(app)
+    runner = asyncio.create_task(worker.run())
+    try:
+        for _ in range(50):  # 5 s of evaluations, a deferral every 0.3 s
+            events += await loop.tick()
+            await asyncio.sleep(0.1)
+        deferred = app.broker.queue_counts("default")["stats"].get("unknown_task", 0)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(runner, 10)
+    assert int(deferred) >= 5, deferred
+    assert [e.status for e in events] == ["firing"], [(e.status, e.message) for e in events]
+    message = events[0].message
+    assert "deferral(s)" in message and "whose task no worker registers (unknown_task)" in message
+    assert "bad_payload" not in message and "0 job(s)" not in message
+    assert "no live worker registers" in events[0].details["hypothesis"]
+    try:
+        for _ in range(60):  # the worker is gone: no more deferrals; the incident resolves once, after the window
+            events += await loop.tick()
+            await asyncio.sleep(0.1)
+    finally:
+        await loop.stop()
+    assert [e.status for e in events] == ["firing", "resolved"], [(e.status, e.message) for e in events]

@@ -8,6 +8,7 @@ import time
 import uuid
 
 import click
+import orjson
 import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import create_engine, inspect, text
@@ -153,3 +154,21 @@ def test_ddl_of_every_dialect_runs_on_its_database(dialect, tmp_path) -> None:
                 c.execute(text(f"DROP TABLE IF EXISTS {name}"))
         engine.dispose()
 
+
+
+def test_info_on_a_namespace_without_queues_names_the_namespaces_that_have_some(make_app, namespace,
+                                                                                  redis_url) -> None:
+    from test_cli_errors import ringfence
+
+    make_app().broker.register_queues(["mail"])
+    typo = f"{namespace}x"
+    out = ringfence("info", env={"RINGFENCE_REDIS_URL": redis_url, "RINGFENCE_NAMESPACE": typo})
+    assert out.returncode == 0, out.stderr
+    [hint] = out.stderr.splitlines()
+    assert hint.startswith(f"hint: namespace '{typo}' has no queues: is RINGFENCE_NAMESPACE (or the app's "
+                           f"namespace) right? Namespaces with queues on this Redis: {namespace}")  # the closest first
+    as_json = ringfence("info", "--json", env={"RINGFENCE_REDIS_URL": redis_url, "RINGFENCE_NAMESPACE": typo})
+    in_json = orjson.loads(as_json.stdout)["hint"]
+    assert in_json.startswith(f"namespace '{typo}' has no queues") and f": {namespace}" in in_json
+    served = ringfence("info", "--json", env={"RINGFENCE_REDIS_URL": redis_url, "RINGFENCE_NAMESPACE": namespace})
+    assert "hint" not in orjson.loads(served.stdout) and served.stderr == ""

@@ -78,6 +78,7 @@ class AlertEvaluator:
         self.rules = rules
         self.owner = owner or f"{socket.gethostname()}.{os.getpid()}.{new_job_id()[:6]}"
         self._prev: Snapshot | None = None
+        self._last_firing: dict[str, int] = {}  # incident key -> Redis ms of the latest tick that found it
 
     def evaluate(self) -> list[AlertEvent]:
         """Events to announce now. The first tick after taking the lease only samples (deltas need two)."""
@@ -92,7 +93,15 @@ class AlertEvaluator:
         ctx = Context(self.app, prev, now, self.rules.thresholds)
         firing = {f.incident_key: f for f in run_checks(ctx, self.rules.checks, with_ok=False)
                   if SEVERITY[f.status] >= SEVERITY[self.rules.min_status]}
-        return self._open(firing) + self._close(firing)
+        now_ms = broker.clock()
+        self._last_firing.update(dict.fromkeys(firing, now_ms))
+        return self._open(firing) + self._close(firing, now_ms)
+
+    def hold_ms(self, check: str) -> int:
+        """How long an incident of ``check`` stays open after its condition was last seen. error_wave counts
+        deferrals between two samples: one job deferred every ``defer_s`` shows in one sample and not the
+        next, so its incident holds for the wave window, the look-back of its dead-job count too."""
+        return int(self.rules.thresholds.wave_window_s * 1000) if check == "error_wave" else 0
 
     def _open(self, firing: dict[str, Finding]) -> list[AlertEvent]:
         events = []
@@ -105,12 +114,16 @@ class AlertEvaluator:
                     "namespace": self.app.namespace, "since_ms": record["since"]}))
         return events
 
-    def _close(self, firing: dict[str, Finding]) -> list[AlertEvent]:
+    def _close(self, firing: dict[str, Finding], now_ms: int) -> list[AlertEvent]:
         events = []
         for key in observe.incidents(self.app.broker):
             check = key.partition(":")[0]
             if key in firing or check not in self.rules.checks:
                 continue  # still firing, or a rule this evaluator does not run
+            # An evaluator that took over the lease has not seen the incident: it holds from now.
+            if now_ms - self._last_firing.setdefault(key, now_ms) < self.hold_ms(check):
+                continue
+            self._last_firing.pop(key, None)
             record = observe.close_incident(self.app.broker, key)
             if record is None:
                 continue

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import time
 from typing import Any
 
 import click
@@ -48,20 +50,49 @@ def info(app: App, as_json: bool) -> None:
     except Exception as exc:  # the queues are still worth printing when the database does not answer
         outbox = {"waiting": "?", "oldest_s": "?", "parked": "?", "relay": None,
                   "error": f"{type(exc).__name__}: {exc}"}
+    hint = None if rows else namespace_hint(app)
     if as_json:
         print_json({"namespace": app.namespace, "environment": app.broker.environment(), "queues": rows,
-                    "breakers": breakers, "outbox": outbox})
+                    "breakers": breakers, "outbox": outbox, **({"hint": hint} if hint else {})})
         return
     cols = ["queue", "pending", "active", "scheduled", "retry", "dead", "processed", "failed", "latency_s", "paused",
             "versions"]
     view = [{**r, "versions": " ".join(f"{k}:{v}" for k, v in r["versions"].items())} for r in rows]
     print_table(f"ringfence {app.namespace}", view, cols)
+    if hint:
+        click.echo(f"hint: {hint}", err=True)
     if breakers:
         print_table("circuit breakers", [{**b, "transitions": " ".join(b["transitions"][:3])} for b in breakers],
                     ["dependency", "state", "recent_failures", "transitions"])
     if outbox is not None:
         print_table("outbox", [{**outbox, "relay": outbox["relay"] or "none"}],
                     ["waiting", "oldest_s", "parked", "relay"])
+
+
+def namespace_hint(app: App) -> str:
+    """Why a namespace may show no queues: its name, and namespaces of this Redis that have queues."""
+    hint = f"namespace {app.namespace!r} has no queues: is RINGFENCE_NAMESPACE (or the app's namespace) right?"
+    try:
+        found = sorted(_namespaces(app.broker.sync) - {app.namespace})
+    except Exception:  # a hint only: a user that may not SCAN still gets the first half
+        return hint
+    close = difflib.get_close_matches(app.namespace, found, n=10, cutoff=0.6)  # a typo's likely target first
+    shown = (close + [n for n in found if n not in close])[:10]
+    more = f" (and {len(found) - len(shown)} more)" if len(found) > len(shown) else ""
+    return f"{hint} Namespaces with queues on this Redis: {', '.join(shown) or 'none'}{more}"
+
+
+def _namespaces(client: Any, limit: int = 500, budget_s: float = 1.0) -> set[str]:
+    """Up to ``limit`` namespaces with a queues key, looked for during at most ``budget_s`` (a big keyspace)."""
+    found: set[str] = set()
+    cursor, deadline = 0, time.monotonic() + budget_s
+    while len(found) < limit and time.monotonic() < deadline:
+        cursor, keys = client.scan(cursor, match="*:queues", count=1000)
+        found.update((k.decode() if isinstance(k, bytes) else str(k)).removesuffix(":queues").strip("{}")
+                     for k in keys)
+        if not cursor:
+            break
+    return found
 
 
 @main.command()

@@ -45,22 +45,39 @@ def error_wave(ctx: Context) -> Iterator[Finding]:
     cutoff_ms = int((now_s - t.wave_window_s) * 1000)
     for name in ctx.after.queues:
         bad = _recent_dead(ctx, name, cutoff_ms, {"bad_payload"})
-        newer = ctx.delta(name, "newer_version") + ctx.delta(name, "unknown_task")
-        if len(bad) < t.wave_warn and newer <= 0:
+        newer, unknown = ctx.delta(name, "newer_version"), ctx.delta(name, "unknown_task")
+        if len(bad) < t.wave_warn and newer <= 0 and unknown <= 0:
             continue
         first = min(bad, default=None)
         starts = sorted(s["started"] for s in ctx.after.servers
                         if s.get("started") and (first is None or s["started"] * 1000 <= first + 1000))
         after_start = f"; the latest server start was {now_s - starts[-1]:.0f}s ago" if starts else ""
+        took = f"in {ctx.elapsed_s:.1f}s"
+        seen = [f"{len(bad)} job(s) dead with bad_payload in the last {t.wave_window_s:g}s" if bad else "",
+                f"{unknown} deferral(s) {took} of jobs whose task no worker registers (unknown_task)"
+                if unknown > 0 else "",
+                f"{newer} deferral(s) {took} of payloads newer than the workers read (newer_version)"
+                if newer > 0 else ""]
         yield Finding(
             "error_wave", Status.WARNING, subject=name,
-            symptom=(f"queue {name}: {len(bad)} job(s) dead with bad_payload in the last {t.wave_window_s:g}s, "
-                     f"newer_version/unknown_task deferrals {newer:+d} in {ctx.elapsed_s:.1f}s{after_start}"),
-            hypothesis="a deploy changed a payload format without a version (or workers run older code)",
+            symptom=f"queue {name}: {'; '.join(s for s in seen if s)}{after_start}",
+            hypothesis=_wave_why(bool(bad), unknown > 0, newer > 0),
             remedy="version the payload (version=N + upcaster), run `ringfence contracts check`, then "
-                   "`ringfence dead replay --reason bad_payload` once fixed",
-            numbers={"bad_payload": len(bad), "deferred_delta": newer, "window_s": t.wave_window_s,
+                   "`ringfence dead replay --reason bad_payload` once fixed; a job of an unregistered task waits "
+                   "grace_s for a worker that registers it, then goes to dead-letter (reason unknown_task)",
+            numbers={"bad_payload": len(bad), "deferred_delta": newer + unknown, "unknown_task_delta": unknown,
+                     "newer_version_delta": newer, "window_s": t.wave_window_s,
                      "server_started": starts[-1] if starts else None})
+
+
+def _wave_why(bad: bool, unknown: bool, newer: bool) -> str:
+    why = []
+    if bad or newer:
+        why.append("a deploy changed a payload format without a version (or workers run older code)")
+    if unknown:
+        why.append("a job names a task no live worker registers (renamed or removed in a deploy, or the "
+                   "producer runs newer code than the workers)")
+    return "; ".join(why)
 
 
 def _recent_dead(ctx: Context, queue: str, cutoff_ms: int, reasons: set[str]) -> list[int]:
