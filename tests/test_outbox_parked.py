@@ -217,8 +217,9 @@ def test_retry_gives_a_parked_row_back_and_a_sent_one_is_refused(db, cli, lone, 
     assert "relayed 1 row(s) (0 sent, 0 refused as sent before, 1 parked" in res.stdout, res.stdout + res.stderr
     assert _pending(rdb, app, "q1") == [durable] and rows(db, namespace)[0]["parked_at"] is not None
     assert int(rdb.hget(app.broker.keys.queue("q1").stats, "outbox_refused")) == 1
-    res = cli.run("outbox", "retry", "999999999")
-    assert res.returncode == 2 and "1 of the row id(s) are not parked rows" in res.stdout + res.stderr, res.stderr
+    res = cli.run("outbox", "retry", "999999999", str(row["id"]))
+    assert res.returncode == 2 and "1 of 2 row(s) back to the relay" in res.stdout, res.stdout + res.stderr
+    assert f"row id(s) 999999999 are not parked rows of namespace {namespace}" in res.stderr, res.stderr
 
 
 def test_a_replica_wait_longer_than_the_socket_timeout_is_not_an_unreachable_redis(private_redis, tmp_path,

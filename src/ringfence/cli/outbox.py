@@ -69,9 +69,11 @@ def retry(app: App, row_ids: tuple[int, ...]) -> None:
     """Give parked rows back to the relay (by row id, as `ringfence outbox status` lists them). A row sent
     before is refused by Redis and, for a durable row, waits for its replicas again."""
     done = _store(app).retry(list(row_ids))
-    click.echo(f"{done} of {len(row_ids)} row(s) back to the relay")
-    if done < len(row_ids):
-        raise ConfigError(f"{len(row_ids) - done} of the row id(s) are not parked rows of namespace {app.namespace}")
+    click.echo(f"{len(done)} of {len(row_ids)} row(s) back to the relay")
+    others = sorted(set(row_ids) - set(done))
+    if others:
+        raise ConfigError(f"row id(s) {', '.join(map(str, others))} are not parked rows of namespace {app.namespace}; "
+                          "`ringfence outbox status` lists them")
 
 
 def _store(app: App) -> OutboxStore:

@@ -117,14 +117,15 @@ class OutboxStore:
             return [{"id": r.id, "job_id": r.job_id, "queue": r.queue, "task": r.task,
                      "parked_at": _dt(r.parked_at).isoformat(), "reason": r.parked_reason} for r in found]
 
-    def retry(self, ids: list[int]) -> int:
-        """Put parked rows back in the queue of the relay; returns how many of ``ids`` were parked here."""
+    def retry(self, ids: list[int]) -> list[int]:
+        """Put parked rows back in the queue of the relay; returns those of ``ids`` that were parked here."""
         t = self.table
+        parked = (t.c.namespace == self.namespace, t.c.id.in_(ids), t.c.parked_at.is_not(None))
         with self.engine.begin() as conn:
-            done = conn.execute(update(t).where(t.c.namespace == self.namespace, t.c.id.in_(ids),
-                                                t.c.parked_at.is_not(None))
-                                .values(parked_at=None, parked_reason=None))
-        return int(done.rowcount)
+            found = sorted(r.id for r in conn.execute(select(t.c.id).where(*parked)))
+            if found:
+                conn.execute(update(t).where(*parked).values(parked_at=None, parked_reason=None))
+        return found
 
     def holding(self, job_ids: list[str]) -> set[str]:
         """Which of ``job_ids`` still have a row here (waiting or parked): the relay keeps their sent records."""
