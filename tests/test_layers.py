@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ringfence.client", "ringfence.scheduler", "ringfence.inspect", "ringfence.runtime", "ringfence.worker.loop",
      "ringfence.outbox", "ringfence.oncommit"),
     ("ringfence.jobs",),
-    ("ringfence.results",),
+    ("ringfence.results", "ringfence.workflows"),
     ("ringfence.app",),
     ("ringfence.doctor", "ringfence.reconcile", "ringfence.metrics", "ringfence.alerts", "ringfence.contracts",
      "ringfence.outbox.lag"),

@@ -38,7 +38,8 @@ from ringfence.errors import (
 from ringfence.models import DeadJob
 from ringfence.redis.connection import ConnectionSettings, RedisClients
 from ringfence.settings import BreakerPolicy, RetryPolicy, WorkerSettings
-from ringfence.tasks import JobContext, Task
+from ringfence.tasks import JobContext, Signature, Task
+from ringfence.workflows import Chain, Chord, Group, WorkflowView, chain, chord, group
 
 __all__ = [
     "App",
@@ -47,6 +48,8 @@ __all__ = [
     "BreakerPolicy",
     "BrokerError",
     "CannotConnect",
+    "Chain",
+    "Chord",
     "ConfigError",
     "ConnectionSettings",
     "DeadJob",
@@ -57,6 +60,7 @@ __all__ = [
     "FenceError",
     "FenceTablesMissing",
     "FencedOut",
+    "Group",
     "InDoubt",
     "JobContext",
     "JobError",
@@ -76,7 +80,12 @@ __all__ = [
     "RetryPolicy",
     "RingfenceError",
     "SettleOnly",
+    "Signature",
     "Task",
     "UnknownJob",
     "WorkerSettings",
+    "WorkflowView",
+    "chain",
+    "chord",
+    "group",
 ]

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from ringfence.fence.provider import ProviderTable
     from ringfence.fence.store import FenceStore
     from ringfence.redis.fence import RedisFenceStore
+    from ringfence.workflows import WorkflowView
 
 log = logging.getLogger("ringfence")
 
@@ -346,6 +347,12 @@ class App:
         from ringfence import results
 
         return results.result(self, job_id, timeout)
+
+    def workflow(self, workflow_id: str) -> WorkflowView | None:
+        """A workflow's state and its steps' (workflows.py), or None: no such id, or it expired."""
+        from ringfence import workflows
+
+        return workflows.read(self, workflow_id)
 
     async def aresult(self, job_id: str, timeout: float | None = None) -> Any:
         from ringfence import results

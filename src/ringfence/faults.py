@@ -41,6 +41,8 @@ ENV = "RINGFENCE_FAULTS"
 POINTS = ("after_capture", "after_calling", "after_effect", "after_record", "before_commit")
 #: The worker's own fault points.
 WORKER_POINTS = ("before_dead_letter", "after_dead_letter")
+#: A workflow step's (worker/settle.py): its handler returned, before and after its ack-and-advance script.
+WORKFLOW_POINTS = ("before_step_ack", "after_step_ack")
 #: The outbox relay's (outbox/relay.py), in step order.
 RELAY_POINTS = ("relay_after_read", "relay_after_send", "relay_after_mark")
 

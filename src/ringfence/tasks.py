@@ -121,6 +121,10 @@ class Task(Generic[P, R]):
 
         return register
 
+    def s(self, *args: Any, **fields: Any) -> Signature:
+        """This task with its payload, not enqueued: a step of ``ringfence.chain``, ``group`` or ``chord``."""
+        return Signature(self, _payload(self, args, fields), NO_OPTIONS)
+
     def with_options(self, **options: Unpack[OptionFields]) -> BoundTask[P, R]:
         """Enqueue options: queue, delay_s, run_at (datetime), max_attempts, timeout_s, expiry_s, job_id,
         unique_for (s), unique_key (str template like "order:{order_id}" or callable(payload)), raise_on_duplicate."""
@@ -242,6 +246,9 @@ class BoundTask(Generic[P, R]):
         enqueue_options(**options)  # same checks as a first with_options
         return BoundTask(self.task, replace(self.options, **options))
 
+    def s(self, *args: Any, **fields: Any) -> Signature:
+        return Signature(self.task, _payload(self.task, args, fields), self.options)
+
     def enqueue(self, *args: P.args, **fields: P.kwargs) -> str:
         return self.task.app.client.enqueue(self.task, _payload(self.task, args, fields), self.options)
 
@@ -259,6 +266,15 @@ class BoundTask(Generic[P, R]):
                           **fields: Any) -> str:
         return self.task.app.on_commit.defer(self.task, target, _payload(self.task, _model(model), fields),
                                              self.options, using)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A task, its payload and its options, not enqueued: a workflow's step (workflows.py)."""
+
+    task: Task
+    payload: Any
+    options: EnqueueOptions
 
 
 def _model(model: BaseModel | None) -> tuple[Any, ...]:
@@ -324,12 +340,15 @@ class JobContext:
     fence_key: str | None = None  # the latest fence opened ("subject/step"), stamped on log lines
     settling: bool = False  # attempts used up by orphaned runs: only steps in doubt may be settled
     deadline: float | None = None  # time.monotonic() when the worker stops this attempt (its timeout)
+    workflow: tuple[str, str, str] | None = None  # a workflow step's (workflow id, step name, business id or '')
 
-    def fence(self, subject: str, step: str, **options: Any) -> Fence:
+    def fence(self, subject: str | None = None, step: str | None = None, **options: Any) -> Fence:
         """A fence on (business id, step) in the SQL store: ``with``/``async with ctx.fence(...) as step``.
-        Options: params, provider_dedup, key_window_s, reconcile, retention_s (see docs/fences.md)."""
+        Options: params, provider_dedup, key_window_s, reconcile, retention_s (see docs/fences.md). In a workflow
+        started with a business id, both default to that id and the step's name."""
         if self.fencing is None:
             raise ConfigError("this job context has no fence wiring (it was not created by a worker)")
+        subject, step = self._fence_names(subject, step)
         self.fence_key = f"{subject}/{step}"
         return self.fencing.sql(self).open(subject, step, **options)
 
@@ -339,6 +358,14 @@ class JobContext:
             raise ConfigError("this job context has no fence wiring (it was not created by a worker)")
         self.fence_key = f"{subject}/{step}"
         return self.fencing.redis(self).open(subject, step, **options)
+
+    def _fence_names(self, subject: str | None, step: str | None) -> tuple[str, str]:
+        if subject is not None and step is not None:
+            return subject, step
+        if self.workflow is None or not self.workflow[2]:
+            raise ConfigError(f"job {self.id}: ctx.fence() needs a subject and a step (they default only in a "
+                              "workflow started with a business_id)")
+        return subject or self.workflow[2], step or self.workflow[1]
 
     @property
     def enqueued_at(self) -> datetime:

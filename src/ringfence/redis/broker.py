@@ -379,12 +379,17 @@ class Broker(Reads, Admin):
                     [f"{worker}.p", self.clock(), k.wake, *held], _ids)
 
     def dead(self, queue: str, job_id: str, token: str, entry: dict[str, Any],
-             fields: dict[str, Any], durable: bool = False) -> Call[bool]:
-        """Move the job to dead-letter; ``durable``: a failed_jobs row is owed for it (``durable`` set)."""
+             fields: dict[str, Any], durable: bool = False, step: tuple[str, int, bytes] | None = None
+             ) -> Call[bool]:
+        """Move the job to dead-letter; ``durable``: a failed_jobs row is owed for it (``durable`` set). ``step``:
+        (workflow id, step index, failure JSON) of a workflow step, whose workflow learns of it in the same call."""
         k = self.keys.queue(queue)
-        return Call("dead", [k.active, k.lease, k.jobs, k.attempts, k.history, k.dead, k.dead_jobs, k.stats,
-                             k.durable, k.minutes],
-                    [job_id, token, self.clock(), orjson.dumps(entry), orjson.dumps(fields), int(durable)], bool)
+        keys = [k.active, k.lease, k.jobs, k.attempts, k.history, k.dead, k.dead_jobs, k.stats, k.durable, k.minutes]
+        args = [job_id, token, self.clock(), orjson.dumps(entry), orjson.dumps(fields), int(durable)]
+        if step is not None:
+            keys += [k.pending, k.idle, self.keys.workflow(queue, step[0])]
+            args += [step[1], step[2], k.wake]
+        return Call("dead", keys, args, bool)
 
     async def durable_done(self, queue: str, ids: Sequence[str]) -> None:
         if ids:

@@ -87,6 +87,10 @@ class Keys:
         """list: a finished job's result record (tasks with store_result), one key (and slot) per job."""
         return f"{self.ns}:{{{self.ns}:result:{job_id}}}"
 
+    def workflow(self, queue: str, workflow_id: str) -> str:
+        """hash: one workflow's steps and state, in the slot of the queue its steps run in (redis/workflows.py)."""
+        return f"{self.ns}:{{{self.ns}:{queue}}}:wf:{workflow_id}"
+
     def queue(self, name: str) -> QueueKeys:
         keys = self._cache.get(name)
         if keys is None:

@@ -42,6 +42,7 @@ class Verdict:
     delay_s: float = 0.0
     counter: str = ""
     result: bytes | None = None  # ack of a task with store_result: the record to store before the ack
+    step: bytes | None = None  # ack of a workflow step: its return value (JSON) for the steps after it
 
     @property
     def recorded(self) -> bool:

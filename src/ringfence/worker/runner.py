@@ -16,6 +16,7 @@ from typing import Any
 from ringfence import results
 from ringfence.errors import PayloadError
 from ringfence.tasks import JobContext, Task
+from ringfence.worker import workflows
 from ringfence.worker.admit import Admitted
 from ringfence.worker.calls import AsyncBounds, JobTimeout, SyncRun, SyncRunner, call_async, call_sync
 from ringfence.worker.observers import Observers
@@ -49,6 +50,8 @@ class Runner:
             enqueued_ms=spec.enqueued_ms, token=job.token, timeout_s=timeout_s, fencing=self.fencing,
             settling=a.settling, deadline=r.started + timeout_s,
         )
+        if "w" in spec.extra:
+            ctx.workflow = workflows.step_of(spec.extra)
         if self.shutting_down:  # started after the stop began (admitted meanwhile): told at once
             ctx.cancelled.set()
         return ctx, timeout_s
@@ -105,6 +108,8 @@ class Runner:
 
     def returned(self, r: Running, a: Admitted, value: Any) -> Verdict:
         task = a.task
+        if "w" in a.spec.extra:
+            return workflows.step_verdict(task, r.job, a.spec, value, self.clock())
         if task.store_result:
             job = r.job
             try:

@@ -15,6 +15,7 @@ from ringfence.logs import JobLogger, job_logger
 from ringfence.models import DeadJob, Fetched
 from ringfence.redis.broker import Broker
 from ringfence.tasks import Registry
+from ringfence.worker import workflows
 from ringfence.worker.acks import Acks
 from ringfence.worker.observers import Observers
 from ringfence.worker.outcomes import Outcome, Verdict
@@ -40,7 +41,7 @@ class Settler:
     def settle_now(self, r: Running, v: Verdict) -> bool:
         """``settle`` without a coroutine for a plain ack (no stored result, not a duplicate): the ack joins the
         batch. False: ``settle`` records the verdict."""
-        if v.outcome is not Outcome.ACK or v.result is not None or v.reason:
+        if v.outcome is not Outcome.ACK or v.result is not None or v.reason or v.step is not None:
             return False
         job = r.job
         self._finished(r, v)
@@ -59,6 +60,9 @@ class Settler:
             return
         job, b = r.job, self.broker
         self._finished(r, v)
+        if v.outcome is Outcome.ACK and job.spec is not None and "w" in job.spec.extra:
+            await self._step_done(r, v)
+            return
         if v.outcome is Outcome.ACK:
             self.processed += 1
             if v.reason == "duplicate":
@@ -80,6 +84,22 @@ class Settler:
             return
         await self._dead(r, v, entry)
 
+    async def _step_done(self, r: Running, v: Verdict) -> None:
+        """A workflow step's ack is its workflow's advance. A duplicate (another run holds its fence) is not acked:
+        it runs again later, when that run's fence step has its result."""
+        job, b = r.job, self.broker
+        if v.step is None:
+            await b.arun(b.requeue(job.queue, job.id, job.token, b.clock() + 1000, "deferred"))
+            return
+        self.processed += 1
+        if v.result is not None:
+            task = self.registry.get(job.spec.task) if job.spec else None
+            await results.store(b, job.id, task, v.result)
+        fault_point("before_step_ack")
+        if await workflows.advance(b, job, v.step) < 0:
+            job_log(r).warning("ack of workflow step %s refused: its lease had moved to another attempt", job.id)
+        fault_point("after_step_ack")
+
     async def _dead(self, r: Running, v: Verdict, entry: dict[str, object]) -> None:
         job, b = r.job, self.broker
         task_name = job.spec.task if job.spec is not None else "?"
@@ -92,7 +112,8 @@ class Settler:
             fields = {"reason": v.reason, "error": v.error, "traceback": v.tb, "task": task_name, "queue": job.queue}
             durable = job.spec is not None and self.durable
             fault_point("before_dead_letter")  # the steps are parked and committed; the lease may lapse here
-            took = await b.arun(b.dead(job.queue, job.id, job.token, entry, fields, durable=durable))
+            step = workflows.dead_step(job, v.reason, v.error)
+            took = await b.arun(b.dead(job.queue, job.id, job.token, entry, fields, durable=durable, step=step))
         finally:
             r.sweeping = False
         if not took:

@@ -13,6 +13,9 @@
 -- ARGV[1] id  ARGV[2] token  ARGV[3] now ms  ARGV[4] last history entry JSON
 -- ARGV[5] record fields JSON object (reason, error, traceback, ...)
 -- ARGV[6] 1 when a failed_jobs row will be written for this job, else 0
+-- A workflow step also has KEYS[11] pending, KEYS[12] idle, KEYS[13] workflow hash and ARGV[7] step index,
+-- ARGV[8] the failure as its dependents may see it (JSON), ARGV[9] wake channel: the workflow learns of the death
+-- in this call (failed, or its dependents queued under a chord's 'continue' policy).
 -- Returns: 1, or 0 when this attempt no longer held the lease.
 -- per-minute counts for the dashboard's charts (field kind..minute); a day is kept, trimmed when a minute starts
 local function per_minute(key, kind, now_ms, n)
@@ -26,6 +29,7 @@ local function per_minute(key, kind, now_ms, n)
     end
   end
 end
+--@include workflow
 local id = ARGV[1]
 if redis.call('HGET', KEYS[2], id) ~= ARGV[2] then return 0 end
 local spec = redis.call('HGET', KEYS[3], id)
@@ -51,4 +55,7 @@ redis.call('HDEL', KEYS[5], id)
 redis.call('HINCRBY', KEYS[8], 'dead', 1)
 redis.call('HINCRBY', KEYS[8], 'failed', 1)
 per_minute(KEYS[10], 'f', ARGV[3], 1)
+if KEYS[13] then
+  woke(step_dead(KEYS[13], ARGV[7], ARGV[8], ARGV[3], KEYS[3], KEYS[11]), KEYS[12], tonumber(ARGV[3]), ARGV[9], KEYS[8])
+end
 return 1

@@ -1,0 +1,327 @@
+"""Workflows: steps that run in order, at once, or behind a barrier, every step's job enqueued exactly once.
+
+``chain(a.s(...), b.s(...))`` runs b after a; ``group([a.s(...), b.s(...)])`` runs both at once; ``chord(group,
+c.s())`` runs c once every member finished. Nest them freely: a group in a chain is a barrier for the step after
+it. ``.enqueue()`` stores the workflow and queues its first steps in one script and returns its id; each step's
+ack queues the steps that waited for it in the same script (redis/workflows.py), so no crash loses or repeats a
+step. A step whose handler declares a ``previous`` parameter receives the result of the step before it (after a
+group or in a chord's callback: the list of the members' results, in order). See docs/workflows.md.
+"""
+
+from __future__ import annotations
+
+import inspect as pyinspect
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ringfence import jobs
+from ringfence.client import Client
+from ringfence.errors import ConfigError
+from ringfence.models import new_job_id
+from ringfence.redis import workflows as stored
+from ringfence.redis.broker import Broker
+from ringfence.results import DEFAULT_TTL_S
+from ringfence.runtime import Live
+from ringfence.settings import check_name
+from ringfence.tasks import Signature, check_seconds
+
+PREVIOUS = "previous"  # the parameter a step declares to receive the result before it
+MAX_STEPS = 10_000
+POLICIES = ("fail", "continue")
+
+
+@dataclass
+class _Step:
+    sig: Signature
+    after: list[int]
+    takes: str  # '1': the one result before it, 'l': the list of them, '': none
+    tolerant: bool = False  # its dependents start even when it dies (a chord's 'continue')
+    then: list[int] = field(default_factory=list)
+
+
+class _Plan:
+    def __init__(self) -> None:
+        self.steps: list[_Step] = []
+
+    def add(self, sig: Signature, after: list[int], many: bool) -> int:
+        if not isinstance(sig, Signature):
+            raise ConfigError(f"a workflow step is task.s(...), a chain, a group or a chord; got {sig!r}")
+        if len(self.steps) >= MAX_STEPS:
+            raise ConfigError(f"a workflow holds at most {MAX_STEPS:,} steps")
+        wants = PREVIOUS in pyinspect.signature(sig.task.fn).parameters
+        if wants and isinstance(sig.payload, dict) and PREVIOUS in sig.payload:
+            raise ConfigError(f"step {sig.task.name!r}: '{PREVIOUS}' is the result of the step before it; "
+                              "do not pass it in .s()")
+        takes = ("l" if many else "1") if wants and after else ""
+        self.steps.append(_Step(sig, list(after), takes))
+        index = len(self.steps) - 1
+        for i in after:
+            self.steps[i].then.append(index)
+        return index
+
+
+class Node:
+    """A chain, a group or a chord: ``enqueue()`` starts it as a workflow and returns its id."""
+
+    def plan(self, plan: _Plan, after: list[int], many: bool) -> tuple[list[int], bool]:
+        raise NotImplementedError
+
+    def enqueue(self, business_id: str | None = None, result_ttl_s: float | None = None) -> str:
+        """Store the workflow, queue its first steps; returns the workflow id. ``business_id``: fenced steps
+        default to it and their step name; ``result_ttl_s``: how long it is kept once finished (default a day)."""
+        start = _Start(self, business_id, result_ttl_s)
+        start.broker.register_queues([start.queue])
+        start.broker.run(start.call())
+        return start.workflow_id
+
+    async def aenqueue(self, business_id: str | None = None, result_ttl_s: float | None = None) -> str:
+        start = _Start(self, business_id, result_ttl_s)
+        await start.broker.aregister_queues([start.queue])
+        await start.broker.arun(start.call())
+        return start.workflow_id
+
+
+def _nodes(steps: Iterable[Any]) -> list[Signature | Node]:
+    out = list(steps)
+    for s in out:
+        if not isinstance(s, Signature | Node):
+            raise ConfigError(f"a workflow step is task.s(...), a chain, a group or a chord; got {s!r}")
+    return out
+
+
+def _plan_one(node: Signature | Node, plan: _Plan, after: list[int], many: bool) -> tuple[list[int], bool]:
+    if isinstance(node, Signature):
+        return [plan.add(node, after, many)], False
+    return node.plan(plan, after, many)
+
+
+class Chain(Node):
+    def __init__(self, steps: Sequence[Signature | Node]) -> None:
+        self.steps = _nodes(steps)
+        if not self.steps:
+            raise ConfigError("chain() needs at least one step")
+
+    def plan(self, plan: _Plan, after: list[int], many: bool) -> tuple[list[int], bool]:
+        for node in self.steps:
+            after, many = _plan_one(node, plan, after, many)
+        return after, many
+
+
+class Group(Node):
+    def __init__(self, steps: Iterable[Signature | Node]) -> None:
+        self.steps = _nodes(steps)
+        if not self.steps:
+            raise ConfigError("group() needs at least one step")
+
+    def plan(self, plan: _Plan, after: list[int], many: bool) -> tuple[list[int], bool]:
+        ends: list[int] = []
+        for node in self.steps:
+            ends += _plan_one(node, plan, after, many)[0]
+        return ends, True
+
+
+class Chord(Node):
+    def __init__(self, header: Group | Iterable[Signature | Node], callback: Signature | Node,
+                 on_member_dead: str = "fail") -> None:
+        self.header = header if isinstance(header, Group) else Group(header)
+        self.callback = _nodes([callback])[0]
+        if on_member_dead not in POLICIES:
+            raise ConfigError(f"chord on_member_dead={on_member_dead!r} must be one of {', '.join(POLICIES)}")
+        self.policy = on_member_dead
+
+    def plan(self, plan: _Plan, after: list[int], many: bool) -> tuple[list[int], bool]:
+        members, _ = self.header.plan(plan, after, many)
+        if self.policy == "continue":
+            for i in members:
+                plan.steps[i].tolerant = True
+        return _plan_one(self.callback, plan, members, True)
+
+
+def chain(*steps: Signature | Node) -> Chain:
+    """Steps one after the other; each may take the one before it's result as ``previous``."""
+    return Chain(steps)
+
+
+def group(steps: Iterable[Signature | Node]) -> Group:
+    """Steps that run at once; a step after the group takes the list of their results."""
+    return Group(steps)
+
+
+def chord(header: Group | Iterable[Signature | Node], callback: Signature | Node, *,
+          on_member_dead: str = "fail") -> Chord:
+    """A group, then ``callback`` once, when every member finished, with their results in order.
+    ``on_member_dead``: 'fail' (a dead member fails the workflow, the callback waits for its replay) or
+    'continue' (the callback runs with ``{"dead": reason, "error": ..., "job": ..., "step": ...}`` in its
+    place)."""
+    return Chord(header, callback, on_member_dead)
+
+
+class _Start:
+    """A workflow's steps and fields, checked, ready for ``wf_start.lua``."""
+
+    def __init__(self, node: Node, business_id: str | None, result_ttl_s: float | None) -> None:
+        plan = _Plan()
+        node.plan(plan, [], False)
+        self.steps = plan.steps
+        self.client = _client(self.steps[0].sig)
+        self.broker: Broker = self.client.app.broker
+        self.queue = self._queue()
+        if business_id is not None and (type(business_id) is not str or not business_id):
+            raise ConfigError(f"business_id={business_id!r} must be a non-empty string")
+        check_seconds("result_ttl_s", result_ttl_s, minimum=None)
+        self.business_id = business_id or ""
+        self.ttl_ms = max(1, int((result_ttl_s if result_ttl_s is not None else DEFAULT_TTL_S) * 1000))
+        self.workflow_id = new_job_id()
+        self.names = _names(self.steps)
+
+    def _queue(self) -> str:
+        queues = {i: self.client.check_options(s.sig.task, s.sig.options) for i, s in enumerate(self.steps)}
+        if len(set(queues.values())) > 1:
+            where = ", ".join(f"{self.steps[i].sig.task.name} in {q!r}" for i, q in queues.items())
+            raise ConfigError(f"the steps of a workflow run in one queue (steps across queues are not supported "
+                              f"yet): {where}")
+        for s in self.steps:
+            o = s.sig.options
+            if o.delay_s is not None or o.run_at is not None or o.job_id or o.unique_for or o.expiry_s or o.durable:
+                raise ConfigError(f"step {s.sig.task.name!r}: a workflow step takes no delay_s, run_at, job_id, "
+                                  "unique_for, expiry_s or durable option")
+        return queues[0]
+
+    def call(self) -> Any:
+        fields: list[tuple[str, str | bytes | int]] = [
+            ("state", "running"), ("n", len(self.steps)), ("left", len(self.steps)), ("dead", 0),
+            ("ttl", self.ttl_ms), ("created", self.broker.clock()), ("business_id", self.business_id)]
+        for i, s in enumerate(self.steps):
+            head, args = self._spec(i, s)
+            fields += [(f"t{i}", self.names[i]), (f"j{i}", f"{self.workflow_id}.{i}"), (f"s{i}", "waiting"),
+                       (f"w{i}", len(s.after)), (f"d{i}", ",".join(map(str, s.after))),
+                       (f"c{i}", ",".join(map(str, s.then))), (f"p{i}", s.takes), (f"k{i}", int(s.tolerant)),
+                       (f"h{i}", head), (f"a{i}", args)]
+        return stored.start(self.broker, self.queue, self.workflow_id, len(self.steps), fields)
+
+    def _spec(self, i: int, s: _Step) -> tuple[bytes, bytes]:
+        """The step's spec in two parts (lua/_workflow.lua joins them with its enqueue time and its inputs)."""
+        task, opts = s.sig.task, s.sig.options
+        payload = s.sig.payload
+        args = task.codec.encode(payload) if not s.takes else _loose(task.name, payload)
+        doc: dict[str, Any] = {"t": task.name, "v": task.version}
+        if opts.max_attempts is not None:
+            doc["m"] = opts.max_attempts
+        if opts.timeout_s is not None:
+            doc["to"] = int(opts.timeout_s * 1000)
+        doc["w"] = f"{self.workflow_id}:{i}"
+        doc["ws"] = self.names[i]
+        if self.business_id:
+            doc["wb"] = self.business_id
+        return orjson.dumps(doc)[:-1], orjson.dumps(args)[1:-1]
+
+
+def _loose(task: str, payload: Any) -> dict[str, Any]:
+    """The payload of a step that also takes ``previous``: checked as JSON here, against the handler's types when
+    it runs (with its ``previous``)."""
+    if not isinstance(payload, dict):
+        raise ConfigError(f"step {task!r} takes '{PREVIOUS}': give its other fields as keywords")
+    try:
+        orjson.dumps(payload)
+    except TypeError as exc:
+        raise ConfigError(f"step {task!r}: its payload is not JSON: {exc}") from exc
+    return payload
+
+
+def _names(steps: list[_Step]) -> list[str]:
+    """A step's name: its task's, with '#2', '#3', ... for a task's later steps in the same workflow."""
+    seen: Counter[str] = Counter()
+    out = []
+    for s in steps:
+        seen[s.sig.task.name] += 1
+        n = seen[s.sig.task.name]
+        out.append(s.sig.task.name if n == 1 else f"{s.sig.task.name}#{n}")
+    return out
+
+
+def _client(sig: Signature) -> Client:
+    client = sig.task.app.client
+    if not isinstance(client, Client):
+        raise ConfigError(f"task {sig.task.name!r} is not declared on an App: its workflow has no Redis")
+    return client
+
+
+# -- reading and cancelling ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepView:
+    index: int
+    name: str
+    job_id: str
+    state: str  # waiting, queued, done, dead (a cancelled workflow's waiting steps never run)
+    after: list[int]
+    result: Any = None
+    failure: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class WorkflowView:
+    id: str
+    queue: str
+    state: str  # running, done, failed, cancelled
+    business_id: str
+    created_ms: int
+    steps: list[StepView]
+
+    @property
+    def failed(self) -> list[str]:
+        """The names of the steps in dead-letter."""
+        return [s.name for s in self.steps if s.state == "dead"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "queue": self.queue, "state": self.state, "business_id": self.business_id,
+                "created_ms": self.created_ms, "failed": self.failed,
+                "steps": [{"index": s.index, "name": s.name, "job_id": s.job_id, "state": s.state,
+                           "after": s.after, "result": s.result, "failure": s.failure} for s in self.steps]}
+
+
+def _json(raw: str | None) -> Any:
+    return None if raw is None else orjson.loads(raw)
+
+
+def read(app: Live, workflow_id: str) -> WorkflowView | None:
+    """A workflow's state, or None (no such id, or it expired)."""
+    check_name("workflow id", workflow_id)
+    found = stored.read(app.broker, app.broker.queues(), workflow_id)
+    if found is None:
+        return None
+    queue, f = found
+    steps = [StepView(index=i, name=f[f"t{i}"], job_id=f[f"j{i}"], state=f[f"s{i}"],
+                      after=[int(x) for x in f.get(f"d{i}", "").split(",") if x],
+                      result=_json(f.get(f"r{i}")) if f[f"s{i}"] == "done" else None,
+                      failure=_json(f.get(f"e{i}")))
+             for i in range(int(f["n"]))]
+    return WorkflowView(id=workflow_id, queue=queue, state=f["state"], business_id=f.get("business_id", ""),
+                        created_ms=int(f.get("created", 0)), steps=steps)
+
+
+def cancel(app: Live, workflow_id: str) -> tuple[WorkflowView, list[str]]:
+    """Cancel a workflow: no waiting step is queued any more, queued steps are cancelled (a running one loses its
+    lease: its ``ctx.cancelled`` is set). Returns the workflow and the job ids cancelled."""
+    view = read(app, workflow_id)
+    if view is None:
+        raise ConfigError(f"no workflow {workflow_id!r} in namespace {app.namespace} (wrong id, or it expired)")
+    if view.state == "done":
+        raise ConfigError(f"workflow {workflow_id} is done already; nothing to cancel")
+    queued = app.broker.run(stored.cancel(app.broker, view.queue, workflow_id)) or []
+    cancelled = []
+    for job_id in queued:
+        try:
+            jobs.cancel_job(app, job_id)
+        except ConfigError:
+            continue  # it finished or died meanwhile
+        cancelled.append(job_id)
+    return read(app, workflow_id) or view, cancelled
+
+
+__all__ = ["Chain", "Chord", "Group", "Node", "StepView", "WorkflowView", "chain", "chord", "group"]

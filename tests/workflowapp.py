@@ -1,0 +1,53 @@
+"""The app of the workflow tests' real worker processes (tests/test_workflow*.py). Each run is recorded as a file
+``<job id>.<attempt>.<pid>.<kind>`` under $WF_DIR, not in Redis: a run counted where the worker writes its state
+could hide a second one."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from ringfence import JobContext, Permanent
+from support import worker_app
+
+app = worker_app()
+DIR = os.environ.get("WF_DIR", ".")
+
+
+def mark(ctx: JobContext, kind: str = "ran") -> None:
+    with open(os.path.join(DIR, f"{ctx.id}.{ctx.attempt}.{os.getpid()}.{kind}"), "w") as f:
+        f.write(repr(time.time()))
+
+
+@app.task(queue="wf")
+def add(ctx: JobContext, x: int, previous: int | None = None) -> int:
+    mark(ctx)
+    return x + (previous or 0)
+
+
+@app.task(queue="wf")
+def total(ctx: JobContext, previous: list[Any]) -> Any:
+    mark(ctx)
+    return {"sum": sum(p for p in previous if isinstance(p, int)), "inputs": previous}
+
+
+@app.task(queue="wf")
+def boom(ctx: JobContext, n: int, previous: Any = None) -> int:
+    """Dies (permanent) until the test writes $WF_DIR/fixed."""
+    mark(ctx)
+    if not os.path.exists(os.path.join(DIR, "fixed")):
+        raise Permanent(f"boom {n}")
+    return n
+
+
+@app.task(queue="wf")
+def slow(ctx: JobContext, seconds: float) -> None:
+    mark(ctx)
+    if ctx.cancelled.wait(seconds):
+        mark(ctx, "cancelled")
+
+
+@app.task(queue="other")
+def elsewhere(ctx: JobContext) -> None:
+    mark(ctx)
