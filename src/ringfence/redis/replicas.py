@@ -58,10 +58,14 @@ def run_and_wait(broker: Broker, call: Call[T], replicas: int, timeout_ms: int) 
 
 
 def wait_slices(timeout_ms: int, socket_timeout_s: float | None) -> list[int]:
-    """``timeout_ms`` cut into WAIT timeouts of a quarter of the socket timeout at most: Redis ends a WAIT up to
-    its timer's tick (100 ms) late. WAIT 0 would block forever."""
+    """``timeout_ms`` cut into WAIT timeouts that end well within the socket timeout: Redis ends a WAIT up to its
+    timer's tick (100 ms) late, so each leaves half the socket timeout (a quarter below 0.4 s) spare. WAIT 0
+    would block forever."""
     total = max(1, timeout_ms)
-    step = total if not socket_timeout_s else max(1, min(total, int(socket_timeout_s * 250)))
+    if not socket_timeout_s:
+        return [total]
+    socket_ms = int(socket_timeout_s * 1000)
+    step = max(1, min(total, socket_ms // 2 if socket_ms >= 400 else socket_ms // 4))
     return [step] * (total // step) + ([total % step] if total % step else [])
 
 
