@@ -55,12 +55,15 @@ def parse(command: str) -> None:
 
 
 def _typed(cmd: click.Command, args: list[str]) -> list[str]:
-    """Placeholders (N, SECONDS) after a numeric option become a number, so the type check runs on a real value."""
-    options = {name: p for p in cmd.params for name in getattr(p, "opts", [])}
+    """Placeholders (N, SECONDS, ROW_ID) of a numeric option or argument become a number, so the type check runs
+    on a real value."""
+    options = {name: p for p in cmd.params if isinstance(p, click.Option) for name in p.opts}
+    numeric_argument = any(isinstance(p, click.Argument) and p.type.name in ("float", "integer") for p in cmd.params)
     out = list(args)
-    for i in range(1, len(out)):
-        param = options.get(out[i - 1])
-        numeric = param is not None and param.type.name in ("float", "integer")
+    for i in range(len(out)):
+        option = options.get(out[i - 1]) if i else None
+        takes_value = option is not None and not option.is_flag
+        numeric = option.type.name in ("float", "integer") if takes_value and option else numeric_argument
         if numeric and re.fullmatch(r"[A-Z_]+", out[i]):
             out[i] = "1"
     return out

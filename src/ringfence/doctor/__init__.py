@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 #: The diagnostic map's order (DESIGN.md section 4): consumers first, money last.
 ORDER = ("backlog_stalled", "queue_unserved", "environment", "error_wave", "retry_storm", "future_load", "orphaned",
          "stuck_active", "shutdown_timeout", "starvation", "outbox_lag", "outbox_parked", "in_doubt", "owner_gone",
-         "effects", "eviction", "memory", "timeouts")
+         "effects", "eviction", "memory", "redis_version", "timeouts")
 
 __all__ = ["CHECKS", "Context", "Finding", "Report", "Snapshot", "Status", "Thresholds", "diagnose",
            "queue_gauges", "run_checks"]

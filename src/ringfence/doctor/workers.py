@@ -251,6 +251,39 @@ def memory(ctx: Context) -> Iterator[Finding]:
         numbers={"used_memory": used, "maxmemory": limit, "ratio": round(ratio, 3), "policy": policy})
 
 
+@check("redis_version", "Redis runs scripts flagged allow-oom (Redis 7+), or has no maxmemory")
+def redis_version(ctx: Context) -> Iterator[Finding]:
+    versions = _versions(ctx.broker)
+    oldest = min(versions, key=_version_key, default=None)
+    if oldest is None or _version_key(oldest) >= (7,):
+        return
+    used, limit, policy = observe.memory(ctx.broker)
+    if not limit:
+        return
+    yield Finding(
+        "redis_version", Status.WARNING, subject="redis",
+        symptom=f"Redis {oldest} with maxmemory {limit / 1048576:.1f}mb: at maxmemory it refuses the workers' "
+                "lease renewals and acks (script flags, allow-oom, need Redis 7)",
+        hypothesis="a full Redis lets leases lapse while their jobs still run: other workers take the jobs and "
+                   "they run twice",
+        remedy="upgrade to Redis 7 or later, or run this Redis without maxmemory and watch its memory",
+        numbers={"redis_version": oldest, "maxmemory": limit, "used_memory": used, "policy": policy})
+
+
+def _versions(broker: Any) -> list[str]:
+    """``redis_version`` of every primary (``INFO server``)."""
+    if broker.cluster:
+        found: Any = broker.sync.info("server", target_nodes="primaries")
+        infos = list(found.values())
+    else:
+        infos = [broker.sync.info("server")]
+    return [str(i["redis_version"]) for i in infos if "redis_version" in i]
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".") if p.isdigit())
+
+
 def _timeout_ms(head: bytes, size: int) -> int | None:
     try:
         return JobSpec.decode_head(head, size).timeout_ms
