@@ -12,7 +12,7 @@ import redis
 import redis.sentinel
 from redis._parsers import _RESP2Parser
 
-from ringfence import App
+from ringfence import App, CannotConnect
 from ringfence.redis.connection import ConnectionSettings
 from ringfence.redis.direct import DirectCalls
 from ringfence.redis.embedded import EmbeddedRedis, free_port
@@ -54,8 +54,9 @@ def test_a_timed_out_call_runs_once_and_its_late_reply_is_not_read_as_the_next_a
     sleeper = threading.Thread(target=admin.execute_command, args=("DEBUG", "SLEEP", "1"))
     sleeper.start()  # the server stops answering for 1 s; a script sent meanwhile runs after it
     time.sleep(0.1)
-    with pytest.raises(redis.TimeoutError):
+    with pytest.raises(CannotConnect) as timed_out:
         app.enqueue("noop", n=1)
+    assert isinstance(timed_out.value.__cause__, redis.TimeoutError)
     sleeper.join()
     third = app.enqueue("noop", n=2)
     pending = _pending(app)
@@ -82,8 +83,9 @@ def test_an_enqueue_after_a_redis_restart_reconnects_and_loads_the_script_again(
     app = _app(f"redis://127.0.0.1:{private_redis.port}/0")
     first = app.enqueue("noop", n=1)
     private_redis.stop()
-    with pytest.raises(redis.ConnectionError):
+    with pytest.raises(CannotConnect) as refused:
         app.enqueue("noop", n=2)  # refused: the error reaches the caller, nothing is queued
+    assert isinstance(refused.value.__cause__, redis.ConnectionError)
     private_redis.start()  # empty: no jobs, no scripts
     second = app.enqueue("noop", n=3)
     assert _pending(app) == [second.encode()]

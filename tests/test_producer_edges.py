@@ -6,6 +6,9 @@ needed) and with real worker processes (tests/producerapp.py):
 - an enqueue the Redis user may not finish (ACL) is refused before any write: nothing is left behind;
 - enqueue_many sends bounded calls: 100,000 jobs in a bounded client memory, and a call refused after others
   went says which jobs were queued (PartlyEnqueued);
+- redis-py's errors on the producer path (enqueue, enqueue_many, results) come as ringfence's: CannotConnect with
+  Redis stopped, NotPermitted for a command the ACL denies, BrokerError for an error answer; the original is the
+  cause;
 - results are capped like payloads (max_result_bytes), and payloads and results nested too deep are refused with
   a PayloadError naming the limit (never a RecursionError);
 """
@@ -23,10 +26,22 @@ from typing import Any
 import pytest
 import redis
 
-from ringfence import App, BrokerError, ConfigError, JobFailed, PartlyEnqueued, PayloadError, RedisFull, ResultTimeout
+from ringfence import (
+    App,
+    BrokerError,
+    CannotConnect,
+    ConfigError,
+    JobFailed,
+    NotPermitted,
+    PartlyEnqueued,
+    PayloadError,
+    RedisFull,
+    ResultTimeout,
+)
 from ringfence.client import CHUNK_JOBS
 from ringfence.inspect import find_dead
 from ringfence.payloads import MAX_DEPTH
+from ringfence.redis.connection import ConnectionSettings
 from ringfence.redis.embedded import EmbeddedRedis
 from support import ROOT, WorkerProc
 
@@ -280,3 +295,54 @@ def test_a_call_refused_after_others_went_says_which_jobs_were_queued(private_re
     admin.config_set("maxmemory", 0)
     rest = app.enqueue_many(t, payloads[len(err.ids):])
     assert admin.llen(pending) == 1 + len(payloads) and len(set(err.ids + rest)) == len(payloads)
+
+
+# -- redis-py's errors as ringfence's -----------------------------------------------------------------------
+PRODUCER_CALLS: dict[str, Callable[[App, dict[str, Any]], Any]] = {
+    "enqueue, plain": lambda app, t: t["anything"].enqueue(value=1),
+    "enqueue, an id": lambda app, t: t["anything"].with_options(job_id="order-1").enqueue(value=1),
+    "enqueue_many": lambda app, t: app.enqueue_many(t["anything"], MANY),
+    "aenqueue": lambda app, t: asyncio.run(aenqueue_many(app, t["anything"], MANY[:1])),
+    "result": lambda app, t: app.result("quote-1", timeout=1),
+    "aresult": lambda app, t: asyncio.run(aresult(app, "quote-1")),
+}
+
+
+async def aresult(app: App, job_id: str) -> Any:
+    try:
+        return await app.aresult(job_id, timeout=1)
+    finally:
+        await app.broker.aclose()
+
+
+@pytest.mark.parametrize("call", list(PRODUCER_CALLS))
+def test_with_redis_stopped_the_producer_raises_cannot_connect(private_redis: EmbeddedRedis, namespace: str,
+                                                               call: str) -> None:
+    app = App(private_redis.url, namespace, environment="test", redis=ConnectionSettings(connect_timeout_s=1.0))
+    t = declare(app)
+    if call.startswith("a"):
+        asyncio.run(aenqueue_many(app, t["anything"], MANY[:1]))  # connected before the stop
+    else:
+        app.enqueue_many(t["anything"], MANY[:1])
+    private_redis.stop()
+    with pytest.raises(CannotConnect) as caught:
+        PRODUCER_CALLS[call](app, t)
+    assert f"cannot connect to Redis at {private_redis.url}" in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert isinstance(caught.value.__cause__, redis.ConnectionError | redis.TimeoutError)
+
+
+def test_a_command_the_acl_denies_and_an_error_answer_are_ringfence_errors(private_redis: EmbeddedRedis,
+                                                                           namespace: str) -> None:
+    admin = redis.Redis.from_url(private_redis.url)
+    admin.execute_command("ACL", "SETUSER", "producer", *ACL.format(ns=namespace, denied="lindex").split())
+    app = App(private_redis.url.replace("redis://", "redis://producer:s3cret@"), namespace, environment="test")
+    declare(app)
+    with pytest.raises(NotPermitted, match=r"(?i)lindex") as denied:
+        app.result("quote-1", timeout=0)
+    assert isinstance(denied.value.__cause__, redis.exceptions.NoPermissionError)
+    admin.set(app.broker.keys.result("quote-1"), "not a list")
+    owner = App(private_redis.url, namespace, environment="test")
+    with pytest.raises(BrokerError, match="WRONGTYPE") as wrong:
+        owner.result("quote-1", timeout=0)
+    assert type(wrong.value) is BrokerError and isinstance(wrong.value.__cause__, redis.ResponseError)

@@ -6,14 +6,15 @@ import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import orjson
 
-from ringfence.errors import ConfigError, DuplicateJob, PartlyEnqueued, PayloadError
+from ringfence.errors import BrokerError, ConfigError, DuplicateJob, PartlyEnqueued, PayloadError, RingfenceError
 from ringfence.models import JobSpec, Prepared, new_job_id
 from ringfence.outbox import write as outbox_write
 from ringfence.redis.broker import Broker
+from ringfence.redis.connect import REDIS_ERRORS, broker_error
 from ringfence.redis.keys import INLINE_MAX_BYTES
 from ringfence.redis.ready import ReadyEnqueue
 from ringfence.redis.replicas import arun_replicated, run_replicated
@@ -25,6 +26,9 @@ from ringfence.tasks import NO_OPTIONS, EnqueueOptions, Task
 #: one call's command at a time.
 CHUNK_JOBS = 1000
 CHUNK_BYTES = 1 << 20
+
+
+_CALL_ERRORS: tuple[type[Exception], ...] = (RingfenceError, *REDIS_ERRORS)  # what a failed call raises
 
 
 def _chunks(idx: list[int], prepared: list[Prepared]) -> Iterator[list[int]]:
@@ -221,20 +225,27 @@ class Client:
     def namespace(self) -> str:
         return self.app.namespace
 
+    def _broker_error(self, exc: Exception) -> BrokerError:
+        return broker_error("enqueue", exc, self.app.broker.url)
+
     def enqueue(self, task: Task, payload: Any, opts: EnqueueOptions) -> str:
-        if opts is NO_OPTIONS and not self.app.min_replicas and task.unique_for is None and not task.store_result:
-            try:
-                ready = self._ready[task]
-            except KeyError:
-                ready = self._ready[task] = self._ready_for(task)
-            if ready is not None:
-                return self._enqueue_ready(task, payload, ready)
-        prepared = self.prepare(task, payload, opts)  # enqueue_many for one job, minus its grouping by queue
-        queue = prepared[0]
-        if queue not in self._known_queues:
-            self.app.broker.register_queues([queue])
-            self._known_queues.add(queue)
-        got = self._run(self.app.broker.enqueue(queue, [prepared[1:]], self._inline(task, opts)), opts)
+        try:
+            if (opts is NO_OPTIONS and not self.app.min_replicas and task.unique_for is None
+                    and not task.store_result):
+                try:
+                    ready = self._ready[task]
+                except KeyError:
+                    ready = self._ready[task] = self._ready_for(task)
+                if ready is not None:
+                    return self._enqueue_ready(task, payload, ready)
+            prepared = self.prepare(task, payload, opts)  # enqueue_many for one job, minus its grouping by queue
+            queue = prepared[0]
+            if queue not in self._known_queues:
+                self.app.broker.register_queues([queue])
+                self._known_queues.add(queue)
+            got = self._run(self.app.broker.enqueue(queue, [prepared[1:]], self._inline(task, opts)), opts)
+        except REDIS_ERRORS as exc:  # redis-py's own: raised as ringfence's, the original kept as the cause
+            raise self._broker_error(exc) from exc
         return self._id(prepared, got[0], opts)
 
     def _ready_for(self, task: Task) -> ReadyEnqueue | None:
@@ -276,20 +287,31 @@ class Client:
     def enqueue_many(self, task: Task, payloads: Iterable[Any], opts: EnqueueOptions) -> list[str]:
         """Every payload is checked and encoded before the first call: a bad one sends nothing. The jobs then go
         in bounded calls (``_calls``); a call that fails after others went raises PartlyEnqueued."""
-        prepared = [self.prepare(task, p, opts) for p in payloads]
-        broker = self.app.broker
-        new = self._new_queues(prepared)
-        broker.register_queues(new)
+        try:
+            prepared = [self.prepare(task, p, opts) for p in payloads]
+            new = self._new_queues(prepared)
+            self.app.broker.register_queues(new)
+        except REDIS_ERRORS as exc:
+            raise self._broker_error(exc) from exc
         self._known_queues.update(new)
         done: list[tuple[list[int], list[bool | str]]] = []
         for idx, call in self._calls(prepared, self._inline(task, opts)):
             try:
                 done.append((idx, self._run(call, opts)))
-            except Exception as exc:
-                if not done:
-                    raise
-                raise self._partly(prepared, done, exc) from exc
+            except _CALL_ERRORS as exc:
+                self._failed_call(prepared, done, exc)
         return self._ids(prepared, done, opts)
+
+    def _failed_call(self, prepared: list[Prepared], done: list[tuple[list[int], list[bool | str]]],
+                     exc: Exception) -> NoReturn:
+        """Raise for an ``enqueue_many`` call that failed: ringfence's error for redis-py's, PartlyEnqueued when
+        earlier calls went."""
+        error = exc if isinstance(exc, RingfenceError) else self._broker_error(exc)
+        if error is not exc:
+            error.__cause__ = exc
+        if done:
+            raise self._partly(prepared, done, error) from error
+        raise error
 
     async def aenqueue(self, task: Task, payload: Any, opts: EnqueueOptions) -> str:
         return (await self.aenqueue_many(task, [payload], opts))[0]
@@ -297,19 +319,20 @@ class Client:
     async def aenqueue_many(self, task: Task, payloads: Iterable[Any],
                             opts: EnqueueOptions) -> list[str]:
         broker = self.app.broker
-        if not broker.server_clock.measured:
-            await broker.aping()  # else the first read of the Redis clock would block the loop for a round trip
-        prepared = [self.prepare(task, p, opts) for p in payloads]
-        new = self._new_queues(prepared)
-        await broker.aregister_queues(new)
+        try:
+            if not broker.server_clock.measured:
+                await broker.aping()  # else the first read of the Redis clock would block the loop for a round trip
+            prepared = [self.prepare(task, p, opts) for p in payloads]
+            new = self._new_queues(prepared)
+            await broker.aregister_queues(new)
+        except REDIS_ERRORS as exc:
+            raise self._broker_error(exc) from exc
         self._known_queues.update(new)
         done: list[tuple[list[int], list[bool | str]]] = []
         for idx, call in self._calls(prepared, self._inline(task, opts)):
             try:
                 done.append((idx, await self._arun(call, opts)))
-            except Exception as exc:
-                if not done:
-                    raise
-                raise self._partly(prepared, done, exc) from exc
+            except _CALL_ERRORS as exc:
+                self._failed_call(prepared, done, exc)
         return self._ids(prepared, done, opts)
 

@@ -29,6 +29,7 @@ from ringfence import inspect
 from ringfence.errors import ConfigError, JobFailed, PayloadError, ResultTimeout, UnknownJob
 from ringfence.payloads import json_problem, model_dump, non_finite
 from ringfence.redis import results as stored
+from ringfence.redis.connect import REDIS_ERRORS, broker_error
 from ringfence.settings import check_name
 
 if TYPE_CHECKING:
@@ -194,9 +195,26 @@ class _Waiter:
 
 
 def result(app: Live, job_id: str, timeout: float | None = None) -> Any:
-    """The return value of job ``job_id``, waiting up to ``timeout`` seconds (None: no limit)."""
+    """The return value of job ``job_id``, waiting up to ``timeout`` seconds (None: no limit). redis-py's errors
+    come as ringfence's (CannotConnect, NotPermitted, BrokerError), the original as the cause."""
     w = _Waiter(app, job_id, timeout)
-    b = app.broker
+    try:
+        return _result(w)
+    except REDIS_ERRORS as exc:
+        raise broker_error("result", exc, app.broker.url) from exc
+
+
+async def aresult(app: Live, job_id: str, timeout: float | None = None) -> Any:
+    """:func:`result` for asyncio (locating the job, once, reads Redis synchronously: a round trip per queue)."""
+    w = _Waiter(app, job_id, timeout)
+    try:
+        return await _aresult(w)
+    except REDIS_ERRORS as exc:
+        raise broker_error("result", exc, app.broker.url) from exc
+
+
+def _result(w: _Waiter) -> Any:
+    b, job_id = w.app.broker, w.job_id
     while True:
         record = w.fresh(stored.read(b, job_id))
         if record is None and w.gone():
@@ -211,10 +229,8 @@ def result(app: Live, job_id: str, timeout: float | None = None) -> Any:
             return _outcome(job_id, record)
 
 
-async def aresult(app: Live, job_id: str, timeout: float | None = None) -> Any:
-    """:func:`result` for asyncio (locating the job, once, reads Redis synchronously: a round trip per queue)."""
-    w = _Waiter(app, job_id, timeout)
-    b = app.broker
+async def _aresult(w: _Waiter) -> Any:
+    b, job_id = w.app.broker, w.job_id
     while True:
         record = await w.afresh(await stored.aread(b, job_id))
         if record is None and await w.agone():

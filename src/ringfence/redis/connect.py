@@ -8,7 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 from redis.connection import parse_url
 
-from ringfence.errors import CannotConnect
+from ringfence.errors import BrokerError, CannotConnect, NotPermitted
 from ringfence.redis.connection import parse_target
 
 
@@ -67,3 +67,20 @@ def cannot_connect(exc: BaseException, url: str | None) -> str | None:
             return f"Redis at {where} refused a command to this user (grant it in the user's ACL): {seen}"
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+#: What redis-py raises; the producer path (client.py, results.py) catches it and raises ``broker_error`` instead.
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError,)
+
+
+def broker_error(what: str, exc: Exception, url: str | None) -> BrokerError:
+    """The ringfence error for redis-py's ``exc`` raised while doing ``what`` (the caller keeps ``exc`` as the
+    cause): CannotConnect (down, timed out, login refused), NotPermitted (ACL), else BrokerError."""
+    said = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, redis.exceptions.NoPermissionError):
+        return NotPermitted(f"{what} refused: Redis at {safe_url(url or '?')} refused a command to this user "
+                            f"(grant it in the user's ACL): {said}")
+    line = cannot_connect(exc, url)
+    if line is not None:
+        return CannotConnect(f"{what}: {' '.join(line.split())}")
+    return BrokerError(f"{what}: Redis answered {type(exc).__name__}: {said}")
