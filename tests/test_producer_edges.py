@@ -141,6 +141,8 @@ def test_a_reused_job_id_never_answers_with_the_earlier_runs_result(
         app.result("quote-1", timeout=0)  # pending: the first run's {"n": 1} is not its result
     with pytest.raises(ResultTimeout):
         app.result("quote-1", timeout=0.3)
+    with pytest.raises(ResultTimeout):
+        asyncio.run(aresult(app, "quote-1", timeout=0.3))
     producer_worker(spawn_worker)
     assert app.result("quote-1", timeout=30) == {"n": 2}
 
@@ -308,9 +310,9 @@ PRODUCER_CALLS: dict[str, Callable[[App, dict[str, Any]], Any]] = {
 }
 
 
-async def aresult(app: App, job_id: str) -> Any:
+async def aresult(app: App, job_id: str, timeout: float = 1.0) -> Any:
     try:
-        return await app.aresult(job_id, timeout=1)
+        return await app.aresult(job_id, timeout=timeout)
     finally:
         await app.broker.aclose()
 
