@@ -88,18 +88,29 @@ def test_a_stuck_sync_handler_has_its_worker_replace_itself(redis_url, namespace
     wait_until(lambda: not app.broker.servers(), timeout=10)
 
 
-def test_a_stop_during_the_replacement_drain_stops_the_worker(redis_url, namespace, rdb, spawn_worker) -> None:
-    """SIGTERM while a stuck run's worker drains to replace itself: a stop, not a replacement."""
+@pytest.mark.parametrize(("signals", "code"), [([signal.SIGTERM], 0), ([signal.SIGINT], 0),
+                                               ([signal.SIGTERM, signal.SIGTERM], 130)],
+                         ids=["term", "int", "term-twice"])
+def test_a_stop_during_the_replacement_drain_stops_the_worker(
+    redis_url, namespace, rdb, spawn_worker, signals: list[int], code: int
+) -> None:
+    """A stop signal while a stuck run's worker drains to replace itself: a stop, not a replacement (a second
+    signal: exit at once, 130, as ever)."""
     app, m = producer(redis_url, namespace)
-    w = spawn_worker(*APP, env={"TEST_SHUTDOWN_S": "4"})
+    w = spawn_worker(*APP, env={"TEST_SHUTDOWN_S": "6"})
     one_server(app)
     m.stuck.enqueue(seconds=60)
     wait_until(lambda: spans(rdb, namespace))
-    time.sleep(7)  # past the 0.5 s timeout and the 5 s grace: draining (for 4 s) to be replaced
-    w.signal(signal.SIGTERM)
-    assert w.wait(20) == 0
+    time.sleep(7)  # past the 0.5 s timeout and the 5 s grace: draining (for 6 s) to be replaced
+    t0 = time.monotonic()
+    for sig in signals:
+        w.signal(sig)
+        time.sleep(0.3)
+    assert w.wait(20) == code
+    if code == 130:
+        assert time.monotonic() - t0 < 4  # at once, not at the drain's end
     assert "replacing" not in w.output()
-    assert not app.broker.servers()
+    wait_until(lambda: not app.broker.servers(), timeout=10)  # gone (at once: its entry expires)
 
 
 @pytest.mark.parametrize(("task", "requeue"), [("steps", False), ("steps", True), ("asteps", False)],
