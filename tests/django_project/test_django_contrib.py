@@ -262,6 +262,32 @@ def test_enqueue_in_writes_the_job_in_the_atomic_and_the_relay_sends_it() -> Non
     assert not OutboxRow.objects.filter(job_id=sent).exists()
 
 
+def test_a_row_the_relay_cannot_send_is_parked_and_shown_in_the_admin(admin_client: Any) -> None:
+    """A row written by hand with a job id Redis would store as a phantom job: the relay parks it with the
+    reason, sends the row after it, and the admin's outbox list shows the reason."""
+    from django.core.management import call_command
+    from django.db import connection, transaction
+    from shop.jobs import app, charge_order
+
+    from ringfence.contrib.django.models import OutboxRow
+
+    bad = f"poison{{{uuid.uuid4().hex[:6]}"
+    with connection.cursor() as cur:
+        cur.execute("INSERT INTO ringfence_outbox (namespace, job_id, queue, task, spec, created_at) "
+                    "VALUES (%s, %s, 'default', 'charge', '{}', now())", [app.namespace, bad])
+    with transaction.atomic():
+        sent = charge_order.enqueue_in(connection, order_id=new_order())
+    out = io.StringIO()
+    call_command("ringfence", "relay", "--once", stdout=out)
+    assert "1 parked" in out.getvalue(), out.getvalue()
+    assert app.broker.job_spec("default", sent) is not None and not OutboxRow.objects.filter(job_id=sent).exists()
+    row = OutboxRow.objects.get(job_id=bad)
+    assert row.parked_at is not None and row.parked_reason.startswith(f"job id {bad!r} must ")
+    page = admin_client.get("/admin/ringfence/outboxrow/", {"q": bad}).content.decode()
+    assert bad in page and "must " in page
+    row.delete()
+
+
 # -- the admin ---------------------------------------------------------------------------------------
 
 

@@ -140,6 +140,6 @@ class FailedJobAdmin(ReadOnly):
 
 @admin.register(OutboxRow)
 class OutboxAdmin(ReadOnly):
-    list_display = ("job_id", "task", "queue", "namespace", "created_at")
-    list_filter = ("queue", "task", "namespace")
+    list_display = ("job_id", "task", "queue", "namespace", "created_at", "parked_at", "parked_reason")
+    list_filter = ("queue", "task", "namespace", "parked_at")
     search_fields = ("job_id", "task")
