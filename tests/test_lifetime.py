@@ -182,3 +182,28 @@ def test_a_bad_summary_interval_is_refused(redis_url, namespace, rdb, spawn_work
     out = w.output()
     assert f"--summary-s {float(value)}: must be a number of seconds >= 0" in out, out
     assert not rdb.keys(f"{namespace}:servers*"), "a worker started"
+
+
+def test_a_stop_signal_during_the_replacement_stops_the_new_worker_gracefully(
+    redis_url, namespace, rdb, spawn_worker
+) -> None:
+    """SIGTERM sent the moment the worker executes itself again (the new interpreter not yet handling signals):
+    held across the exec, it reaches the new worker once it handles them, as a graceful stop (exit 0), not death
+    by the signal (143) nor a worker that serves on."""
+    app, m = producer(redis_url, namespace)
+    w = spawn_worker(*APP, env={"TEST_SHUTDOWN_S": "1"})
+    one_server(app)
+    m.stuck.enqueue(seconds=60)
+    assert w.proc.stdout is not None
+    lines = []
+    for raw in w.proc.stdout:
+        lines.append(raw.decode(errors="replace"))
+        if "replacing this worker process" in lines[-1]:
+            w.signal(signal.SIGTERM)
+            break
+    else:
+        raise AssertionError("".join(lines))
+    rest = w.proc.stdout.read().decode(errors="replace")
+    assert w.wait(30) == 0, rest
+    assert "stopping: no new jobs" in rest  # the new worker took it as a stop
+    wait_until(lambda: not app.broker.servers(), timeout=10)
