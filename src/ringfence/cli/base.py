@@ -4,6 +4,7 @@ Commands live in the sibling modules and register on ``main`` when ``ringfence.c
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 import traceback
 from collections.abc import Callable
@@ -77,7 +78,7 @@ def _database_trouble(exc: Exception, fence_url: str | None) -> tuple[str, bool]
     return unusable_database(exc, fence_url)
 
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")  # named in the error; logging takes WARN, FATAL too
 
 
 @click.group(cls=Group)
@@ -90,6 +91,6 @@ def main(log_level: str, log_json: bool | None, debug: bool) -> None:
     """ringfence: a Redis job queue where the second run is empty."""
     from ringfence.logs import cli_configure
 
-    if log_level.upper() not in LOG_LEVELS:
+    if log_level.upper() not in logging.getLevelNamesMapping():
         raise ConfigError(f"--log-level {log_level!r} is not a log level: use {', '.join(LOG_LEVELS)}")
     cli_configure(log_level, log_json)
