@@ -28,7 +28,8 @@ class FaultWorker:
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen(
                 [*prefix, sys.executable, "-m", "ringfence.cli", "worker", "--app", "faultapp:app", "--queues",
-                 queues, "--concurrency", "10", "--alerts" if alerts else "--no-alerts"],
+                 queues, "--concurrency", "10", "--alerts" if alerts else "--no-alerts",
+                 "--summary-s", "0"],  # the tests count log lines: no periodic summary among them
                 env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def lines(self) -> list[str]:
