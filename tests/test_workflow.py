@@ -44,7 +44,11 @@ def worker(spawn_worker: Callable[..., WorkerProc], tmp_path: Path, faults: str 
 
 
 def settled(wf: ModuleType, wid: str, state: str = "done") -> Any:
-    return wait_until(lambda: (v := wf.app.workflow(wid)) is not None and v.state == state and v, timeout=30)
+    try:
+        return wait_until(lambda: (v := wf.app.workflow(wid)) is not None and v.state == state and v, timeout=30)
+    except AssertionError:
+        view = wf.app.workflow(wid)
+        raise AssertionError(f"workflow {wid} not {state}: {view.to_dict() if view else None}") from None
 
 
 def cli(namespace: str, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:

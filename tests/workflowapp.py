@@ -9,10 +9,20 @@ import time
 from typing import Any
 
 from ringfence import JobContext, Permanent
+from ringfence.testing import FakeProvider
 from support import worker_app
 
-app = worker_app()
+app = worker_app(fence="FENCE_URL" in os.environ)
 DIR = os.environ.get("WF_DIR", ".")
+_provider: list[FakeProvider] = []
+
+
+def provider() -> FakeProvider:
+    """The provider every worker process shares (a file under $WF_DIR); it ignores keys, so only the fence can
+    keep a charge from happening twice."""
+    if not _provider:
+        _provider.append(FakeProvider(os.path.join(DIR, "provider.db"), honours_keys=False))
+    return _provider[0]
 
 
 def mark(ctx: JobContext, kind: str = "ran") -> None:
@@ -51,3 +61,23 @@ def slow(ctx: JobContext, seconds: float) -> None:
 @app.task(queue="other")
 def elsewhere(ctx: JobContext) -> None:
     mark(ctx)
+
+
+@app.task(queue="wf")
+def charge(ctx: JobContext, amount: int, previous: Any = None) -> str:
+    """A fenced charge whose subject and step default to the workflow's business id and the step's name."""
+    mark(ctx)
+    with ctx.fence(params={"amount": amount}) as step:
+        if step.done:
+            return str(step.result["charge_id"])
+        ref = step.effect(lambda: provider().charge(amount, step.key, order=ctx.id))
+        with step.complete(app.fence_store.engine, result={"charge_id": ref}):
+            pass
+    return str(ref)
+
+
+@app.task(queue="wf")
+def member(ctx: JobContext, x: int) -> int:
+    """A chord member that takes no input."""
+    mark(ctx)
+    return x

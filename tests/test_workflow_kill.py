@@ -1,0 +1,112 @@
+"""Workflows under SIGKILL at every fault point a step's ack or dead-letter passes, on real worker processes: the
+next step is never lost nor queued twice (each step's job is enqueued once: the queue's `enqueued` counter), a
+chord's callback is queued once, every fenced charge happens once at the provider, a dead step fails its workflow
+and `ringfence dead replay` resumes it."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import ringfence
+from ringfence.faults import WORKER_POINTS, WORKFLOW_POINTS
+from support import WorkerProc, database_url, wait_until
+from test_workflow import cli, runs, settled
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def wf(namespace: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """tests/workflowapp.py with its fence database (SQLite under tmp_path, its tables made)."""
+    fence_url = database_url("sqlite", tmp_path)
+    for name, value in {"RINGFENCE_NAMESPACE": namespace, "RINGFENCE_REDIS_URL": redis_url,
+                        "WF_DIR": str(tmp_path), "FENCE_URL": fence_url}.items():
+        monkeypatch.setenv(name, value)
+    sys.modules.pop("workflowapp", None)
+    module = importlib.import_module("workflowapp")
+    module.app.fence_store.create_all()
+    yield module
+    module.app.close()
+    sys.modules.pop("workflowapp", None)
+
+
+def spawn(spawn_worker: Callable[..., WorkerProc], faults: str = "") -> WorkerProc:
+    return spawn_worker("--app", "workflowapp:app", env={"RINGFENCE_FAULTS": faults})
+
+
+def enqueued(wf: ModuleType) -> int:
+    return int(wf.app.broker.sync.hget(wf.app.broker.keys.queue("wf").stats, "enqueued") or 0)
+
+
+def order(wf: ModuleType, n: int = 1) -> str:
+    """Two fenced charges of order n, then a chord of three members and its callback."""
+    return ringfence.chain(wf.charge.s(amount=100), wf.charge.s(amount=200),
+                           ringfence.chord([wf.member.s(x=1), wf.member.s(x=2), wf.member.s(x=3)], wf.total.s())
+                           ).enqueue(business_id=f"order:{n}")
+
+
+@pytest.mark.parametrize("point", WORKFLOW_POINTS)
+def test_sigkill_at_a_step_ack_loses_and_repeats_nothing(wf: ModuleType, tmp_path: Path, point: str,
+                                                         spawn_worker: Callable[..., WorkerProc]) -> None:
+    wid = order(wf)
+    first = spawn(spawn_worker, point)
+    assert first.wait(30) == -9, first.output()  # SIGKILLed at the point, in the first step's ack
+    spawn(spawn_worker)
+    view = settled(wf, wid)
+    assert enqueued(wf) == 6  # every step's job queued once
+    assert wf.provider().effects == 2  # each fenced charge once, though the first step ran twice
+    # before its ack the killed run is run again (its fence gives the charge it recorded); after it, never
+    assert runs(tmp_path, view.steps[0].job_id) == (2 if point == "before_step_ack" else 1)
+    assert all(runs(tmp_path, s.job_id) == 1 for s in view.steps[1:])
+    assert view.steps[5].result == {"sum": 6, "inputs": [1, 2, 3]}
+    refs = [s.result for s in view.steps[:2]]
+    assert sorted(refs) == sorted(c.id for c in wf.provider().records())
+
+
+def test_random_sigkills_in_every_step_ack_finish_the_chord_once(wf: ModuleType, tmp_path: Path,
+                                                                 spawn_worker: Callable[..., WorkerProc]) -> None:
+    wids = [order(wf, n) for n in range(3)]
+    faults = ",".join(f"{p}:0.25" for p in WORKFLOW_POINTS)
+    kills = 0
+
+    def all_done() -> bool:
+        nonlocal kills
+        if workers[-1].proc.poll() is not None:  # killed: the next one takes over its leased jobs
+            kills += 1
+            workers.append(spawn(spawn_worker, faults))
+        return all((v := wf.app.workflow(w)) is not None and v.state == "done" for w in wids)
+
+    workers = [spawn(spawn_worker, faults), spawn(spawn_worker)]
+    workers.reverse()  # the faulty one is watched
+    wait_until(all_done, timeout=90, interval=0.1)
+    assert kills >= 1
+    assert enqueued(wf) == 6 * len(wids)
+    assert wf.provider().effects == 2 * len(wids)
+    for w in wids:
+        view = wf.app.workflow(w)
+        assert view is not None and view.steps[5].result["sum"] == 6
+        assert runs(tmp_path, view.steps[5].job_id) >= 1
+
+
+@pytest.mark.parametrize("point", WORKER_POINTS)
+def test_sigkill_around_a_steps_dead_letter_fails_the_workflow_once(wf: ModuleType, tmp_path: Path, point: str,
+                                                                    namespace: str, redis_url: str,
+                                                                    spawn_worker: Callable[..., WorkerProc]) -> None:
+    wid = ringfence.chain(wf.add.s(x=1), wf.boom.s(n=5), wf.add.s(x=10)).enqueue()
+    first = spawn(spawn_worker, point)
+    assert first.wait(30) == -9, first.output()
+    spawn(spawn_worker)
+    view = settled(wf, wid, "failed")
+    assert view.failed == ["workflowapp.boom"] and view.steps[2].state == "waiting"
+    assert enqueued(wf) == 2
+    (tmp_path / "fixed").write_text("")
+    assert cli(namespace, redis_url, "dead", "replay", view.steps[1].job_id).returncode == 0
+    view = settled(wf, wid)
+    assert [s.result for s in view.steps] == [1, 5, 15] and enqueued(wf) == 3
+    assert runs(tmp_path, view.steps[2].job_id) == 1
