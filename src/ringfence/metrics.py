@@ -19,14 +19,18 @@ Metric names (all prefixed ``ringfence_``): see docs/observability.md.
 
 from __future__ import annotations
 
+import itertools
+import math
 import threading
+from bisect import bisect_left
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from ringfence.inspect import queue_gauges
 from ringfence.redis.broker import Broker
@@ -64,24 +68,23 @@ class _Counter(_Counted, Counter):
     pass
 
 
-class _Histogram(_Counted, Histogram):
-    pass
-
-
-_HELD = 256  # observations of one (task, queue) held at most before they are counted in (memory stays bounded)
+_LATENCY_BOUNDS = (*LATENCY_BUCKETS, math.inf)
+_DURATION_BOUNDS = (*DURATION_BUCKETS, math.inf)
 
 
 class _Tally:
-    """The observations of one (task, queue) not yet counted into its prometheus children (in the order made)."""
+    """The counts of one (task, queue) not yet counted into its prometheus counters, and its two histograms (the
+    count per bucket, the running sum added up in the order prometheus-client would have: the same float)."""
 
-    __slots__ = ("children", "duration", "failed", "finished", "latency", "started")
+    __slots__ = ("children", "duration", "duration_sum", "failed", "finished", "latency", "latency_sum", "started")
 
-    def __init__(self, children: tuple[Any, Any, Any, Any]) -> None:
-        self.children = children  # started, latency, duration, failed
+    def __init__(self, children: tuple[Any, Any]) -> None:
+        self.children = children  # started, failed
         self.started = self.failed = 0
         self.finished: dict[Any, int] = {}  # the finished counter's child per outcome -> count
-        self.latency: list[float] = []
-        self.duration: list[float] = []
+        self.latency = [0] * len(_LATENCY_BOUNDS)
+        self.duration = [0] * len(_DURATION_BOUNDS)
+        self.latency_sum = self.duration_sum = 0.0
 
 
 class Metrics:
@@ -98,12 +101,12 @@ class Metrics:
                                  "requeue)", ["task", "queue", "outcome"], registry=r)
         self.failed = _Counter("ringfence_jobs_failed", "Attempts that failed (outcome retry or dead)",
                                ["task", "queue"], registry=r)
-        self.duration = _Histogram("ringfence_job_duration_seconds", "Run time of an attempt, fetch to outcome",
-                                   ["task", "queue"], buckets=DURATION_BUCKETS, registry=r)
-        self.latency = _Histogram("ringfence_job_start_latency_seconds", "Enqueue (or due time) to start",
-                                  ["task", "queue"], buckets=LATENCY_BUCKETS, registry=r)
-        for metric in (self.started, self.finished, self.failed, self.duration, self.latency):
+        for metric in (self.started, self.finished, self.failed):
             metric.counting = self.count
+        r.register(_HistogramCollector(self, "ringfence_job_duration_seconds", "Run time of an attempt, fetch to "
+                                       "outcome", _DURATION_BOUNDS, "duration"))
+        r.register(_HistogramCollector(self, "ringfence_job_start_latency_seconds", "Enqueue (or due time) to start",
+                                       _LATENCY_BOUNDS, "latency"))
         self.fences = Counter("ringfence_fence_outcomes", "Fence outcomes at step entry and write",
                               ["step", "outcome"], registry=r)
         self._breakers = _BreakerCollector()
@@ -114,11 +117,9 @@ class Metrics:
         self._outcomes: dict[tuple[str, str, str], Any] = {}  # the finished counter's child per outcome
 
     def _tally(self, task: str, queue: str) -> _Tally:
-        """(under ``_lock``) Its children are made at the first observation, as ``observe`` would: their
+        """(under ``_lock``) Its counters' children are made at the first observation, as ``inc`` would: their
         ``_created`` stamps stay those of the first job."""
-        t = self._tallies[(task, queue)] = _Tally((
-            self.started.labels(task, queue), self.latency.labels(task, queue),
-            self.duration.labels(task, queue), self.failed.labels(task, queue)))
+        t = self._tallies[(task, queue)] = _Tally((self.started.labels(task, queue), self.failed.labels(task, queue)))
         return t
 
     # -- called by the worker --------------------------------------------------------------------
@@ -129,9 +130,8 @@ class Metrics:
         with self._lock:
             t = self._tallies.get((task, queue)) or self._tally(task, queue)
             t.started += 1
-            t.latency.append(latency_s)
-            if len(t.latency) >= _HELD:
-                _observe(t.children[1], t.latency)
+            t.latency[bisect_left(_LATENCY_BOUNDS, latency_s)] += 1
+            t.latency_sum += latency_s
 
     def job_finished(self, task: str, queue: str, outcome: str, duration_s: float) -> None:
         """An attempt's outcome was recorded. ``outcome`` ∈ ack, retry, dead, requeue (a lost lease records
@@ -147,16 +147,15 @@ class Metrics:
             t.finished[finished] = t.finished.get(finished, 0) + 1
             if outcome in ("retry", "dead"):
                 t.failed += 1
-            t.duration.append(observed)
-            if len(t.duration) >= _HELD:
-                _observe(t.children[2], t.duration)
+            t.duration[bisect_left(_DURATION_BOUNDS, observed)] += 1
+            t.duration_sum += observed
             self._recent[task].append(duration_s)
 
     def count(self) -> None:
         """Count the held observations into the prometheus metrics (each collect of a job metric does first)."""
         with self._lock:
             for t in self._tallies.values():
-                started, latency, duration, failed = t.children
+                started, failed = t.children
                 if t.started:
                     started.inc(t.started)
                     t.started = 0
@@ -167,8 +166,6 @@ class Metrics:
                     for child, n in t.finished.items():
                         child.inc(n)
                     t.finished.clear()
-                _observe(latency, t.latency)
-                _observe(duration, t.duration)
 
     def fence_outcome(self, step: str, outcome: str) -> None:
         """A fence event: captured (a new row), skipped_done (the second run is empty), resumed (took over
@@ -209,11 +206,25 @@ class Metrics:
         return server
 
 
-def _observe(histogram: Any, held: list[float]) -> None:
-    """Held values into a histogram child, in order (emptied)."""
-    for value in held:
-        histogram.observe(value)
-    held.clear()
+class _HistogramCollector(Collector):
+    """One job histogram per (task, queue), read from the tallies at each collect: its buckets and sum are plain
+    numbers under ``Metrics``' lock (a prometheus ``Histogram.observe`` takes a lock per bucket and per sum)."""
+
+    def __init__(self, metrics: Metrics, name: str, doc: str, bounds: tuple[float, ...], which: str) -> None:
+        self.metrics, self.name, self.doc, self.which = metrics, name, doc, which
+        self.les = [floatToGoString(b) for b in bounds]  # type: ignore[no-untyped-call]  # "le" as prometheus writes it
+
+    def describe(self) -> Iterable[Metric]:
+        return [HistogramMetricFamily(self.name, self.doc, labels=["task", "queue"])]
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.doc, labels=["task", "queue"])
+        which, total = self.which, f"{self.which}_sum"
+        with self.metrics._lock:
+            held = [(key, list(getattr(t, which)), getattr(t, total)) for key, t in self.metrics._tallies.items()]
+        for (task, queue), counts, sum_value in held:
+            family.add_metric([task, queue], list(zip(self.les, itertools.accumulate(counts), strict=True)), sum_value)
+        yield family
 
 
 class _BreakerCollector(Collector):
