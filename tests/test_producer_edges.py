@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -43,6 +44,7 @@ from ringfence.inspect import find_dead
 from ringfence.payloads import MAX_DEPTH
 from ringfence.redis.connection import ConnectionSettings
 from ringfence.redis.embedded import EmbeddedRedis
+from ringfence.redis.scripts import script
 from support import ROOT, WorkerProc
 
 NAME_RULE = "must be 1 to 64 characters"
@@ -239,6 +241,12 @@ def test_a_payload_nested_too_deep_is_a_payload_error_naming_the_limit(
         app.enqueue_many(t, [{"value": 1}, {"value": nested(levels)}])
     assert job_keys(rdb, namespace) == []
     assert t.enqueue(value=nested(MAX_DEPTH - 2))  # at the limit: queued
+
+
+def test_on_a_cluster_the_acl_checks_ask_for_the_sharded_publish_the_scripts_run() -> None:
+    for name in ("enqueue", "enqueue_ready"):
+        sharded = script(name).sharded
+        assert "{'SPUBLISH', " in sharded and re.search(r"[^S]PUBLISH'", sharded) is None, name
 
 
 # -- enqueue_many in bounded calls --------------------------------------------------------------------------

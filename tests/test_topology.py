@@ -247,7 +247,7 @@ def _probe_until_it_runs(probe: Any, rdb: redis.Redis, ns: str) -> str:
     while time.monotonic() < deadline:
         try:
             job = probe.enqueue(n=-1)
-        except (redis.RedisError, OSError):
+        except (RingfenceError, OSError):  # CannotConnect, NotReplicated while the replica is promoted
             time.sleep(0.1)
             continue
         wait_until(lambda j=job: j in runs(rdb, ns), timeout=30)

@@ -64,5 +64,6 @@ def script(name: str) -> Script:
     flags = frozenset(f for part in first.split()[1:] if part.startswith("flags=")
                       for f in part.removeprefix("flags=").split(",") if f)
     legacy = "--" + first[2:] + "\n" + rest  # kept as a comment, so line numbers in errors still match
-    sharded = source.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
+    # the calls, and the ACL checks of the commands a script may run (lua/_allowed.lua)
+    sharded = source.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'").replace("{'PUBLISH', ", "{'SPUBLISH', ")
     return Script(name, source, _sha(source), legacy, _sha(legacy), flags, sharded, _sha(sharded))
