@@ -167,6 +167,7 @@ REFUSED: dict[str, tuple[str, Callable[[App, Any], Any]]] = {
     "an id of the caller's": ("lpush", lambda app, t: t.with_options(job_id="order-1").enqueue(value=1)),
     "scheduled": ("zadd", lambda app, t: t.with_options(job_id="order-1", delay_s=60).enqueue(value=1)),
     "unique": ("hset", lambda app, t: t.with_options(unique_for=60).enqueue(value=1)),
+    "durable": ("lpush", lambda app, t: t.with_options(job_id="order-1", durable=True).enqueue(value=1)),
     "plain, inline": ("hincrby", lambda app, t: t.enqueue(value=1)),
     "many, inline": ("hincrby", lambda app, t: app.enqueue_many(t, MANY)),
     "many, unique": ("lpush", lambda app, t: app.enqueue_many(t, MANY, unique_for=60)),
