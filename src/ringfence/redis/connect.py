@@ -3,13 +3,19 @@ password), never a traceback. The CLI exits 3 on these (``--debug`` shows the tr
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.connection import parse_url
 
 from ringfence.errors import BrokerError, CannotConnect, NotPermitted
-from ringfence.redis.connection import parse_target
+from ringfence.redis.connection import Health, parse_target
+
+T = TypeVar("T")
 
 
 def safe_url(url: str) -> str:
@@ -42,6 +48,24 @@ def check_url(url: str) -> None:
 def still_loading(exc: BaseException) -> bool:
     """Redis answered LOADING: it is restarting with its data, so waiting helps."""
     return isinstance(exc, redis.BusyLoadingError)
+
+
+async def while_loading(step: Callable[[], Awaitable[T]], health: Health, patience_s: float) -> T:
+    """``step()``, run again while Redis answers LOADING (it is reading its data: waiting helps), for up to
+    ``patience_s`` after the first refusal; then, or on any other error, the error is raised."""
+    deadline: float | None = None
+    while True:
+        try:
+            found = await step()
+        except redis.BusyLoadingError as exc:
+            health.lost(exc)
+            deadline = deadline or time.monotonic() + patience_s
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+            continue
+        health.ok()
+        return found
 
 
 def login_refused(exc: BaseException, url: str) -> str | None:

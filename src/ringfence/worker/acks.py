@@ -9,6 +9,7 @@ import logging
 from collections import defaultdict
 
 from ringfence.redis.broker import Broker
+from ringfence.redis.connect import while_loading
 from ringfence.redis.connection import UNAVAILABLE
 
 log = logging.getLogger("ringfence.worker")
@@ -38,8 +39,9 @@ class Acks:
 
     async def stop(self) -> None:
         """Send what is pending, then stop the flusher: a call the flusher has in flight ends first (cancelled, it
-        would leave its jobs leased, acked or not)."""
-        await self.flush()
+        would leave its jobs leased, acked or not). A Redis loading its data is waited for: a lost ack runs the
+        job again."""
+        await while_loading(self.flush, self.broker.health, self.broker.connection.first_connect_s)
         if self._flusher is not None:
             self._flusher.cancel()
 
