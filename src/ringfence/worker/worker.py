@@ -15,7 +15,7 @@ from ringfence.app import App
 from ringfence.errors import BrokerError, CannotConnect, ConfigError, EnvironmentMismatch, RedisFull
 from ringfence.metrics import Metrics
 from ringfence.models import new_job_id
-from ringfence.redis.connect import login_refused, still_loading
+from ringfence.redis.connect import login_refused, still_loading, while_loading
 from ringfence.redis.connection import UNAVAILABLE, redact
 from ringfence.settings import WorkerSettings, check_name, check_threads
 from ringfence.worker.acks import Acks
@@ -170,9 +170,12 @@ class Worker:
 
     async def _register(self, names: list[str]) -> None:
         """Registrations the worker can run without (the heartbeat registers its queues on every beat)."""
+        b = self.broker
         try:
-            await self.broker.aregister_queues(names, "queue registration")
-            await self.broker.aregister_dependencies(self.app.breakers)
+            await while_loading(lambda: b.aregister_queues(names, "queue registration"), b.health,
+                                b.connection.first_connect_s)
+            await while_loading(lambda: b.aregister_dependencies(self.app.breakers), b.health,
+                                b.connection.first_connect_s)
         except RedisFull as exc:
             log.warning("%s; starting anyway: this worker drains the queues", exc)
 
@@ -261,7 +264,9 @@ class Worker:
     async def _clean_up(self, loops: list[Any]) -> None:
         """Stop the loops, unregister, close: an error here is logged and never changes the exit code."""
         steps: list[tuple[str, Any]] = [(f"stopping {type(c).__name__}", c.stop) for c in loops]
-        steps += [("unregistering", lambda: self.broker.unregister_server(self.server_id)),
+        b = self.broker
+        steps += [("unregistering", lambda: while_loading(lambda: b.unregister_server(self.server_id), b.health,
+                                                          b.connection.first_connect_s)),
                   ("closing the Redis clients", self.broker.aclose)]
         for what, step in steps:
             try:
