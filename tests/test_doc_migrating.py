@@ -70,3 +70,34 @@ def test_periodic_registers_a_cron_task(app: App) -> None:
     def cleanup(ctx: Any) -> None: ...
 
     assert [p.task for p in app.periodics] == [cleanup]
+
+
+async def test_workflows_as_the_table_shows(app: App) -> None:
+    import ringfence
+    from ringfence.worker.worker import Worker
+    from support import drive
+
+    @app.task
+    def add(ctx: Any, x: int, y: int) -> int:
+        return x + y
+
+    @app.task
+    def mul(ctx: Any, y: int, previous: int) -> int:
+        return previous * y
+
+    @app.task
+    def tsum(ctx: Any, previous: list[int]) -> int:
+        return sum(previous)
+
+    chained = ringfence.chain(add.s(x=2, y=2), mul.s(y=4)).enqueue()
+    grouped = ringfence.group([add.s(x=i, y=i) for i in range(10)]).enqueue()
+    chorded = ringfence.chord([add.s(x=i, y=i) for i in range(10)], tsum.s()).enqueue()
+    wids = (chained, grouped, chorded)
+
+    def done() -> bool:
+        return all((v := app.workflow(w)) is not None and v.state == "done" for w in wids)
+
+    await drive(Worker(app, concurrency=8), done)
+    last = {w: app.workflow(w).steps[-1].result for w in wids}  # type: ignore[union-attr]
+    assert last == {chained: 16, grouped: 18, chorded: 90}
+    assert [s.result for s in app.workflow(grouped).steps] == [2 * i for i in range(10)]  # type: ignore[union-attr]
