@@ -77,20 +77,47 @@ class Servers:
 
 
 class Cluster(Servers):
-    def __init__(self, directory: Path, masters: int = 3) -> None:
+    def __init__(self, directory: Path, masters: int = 3, replicas: int = 0, node_timeout_ms: int = 2000) -> None:
         super().__init__(directory)
-        self.ports = [free_port() for _ in range(masters)]
+        self.ports = [free_port() for _ in range(masters * (1 + replicas))]
         for p in self.ports:
             self.start(p, "--cluster-enabled", "yes", "--cluster-config-file", str(directory / f"nodes-{p}.conf"),
-                       "--cluster-node-timeout", "2000")
+                       "--cluster-node-timeout", str(node_timeout_ms))
         try:
             subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in self.ports],
-                            "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=30)
-            _wait(lambda: all(redis.Redis(port=p).cluster("info")["cluster_state"] == "ok" for p in self.ports),
-                  20, "the cluster")
+                            "--cluster-replicas", str(replicas), "--cluster-yes"], check=True, capture_output=True,
+                           timeout=30)
+            _wait(self._settled, 30, "the cluster")
         except BaseException:
             self.stop()
             raise
+
+    def _settled(self) -> bool:
+        """Every node agrees the cluster is ok and sees every replica linked (a failover needs them in sync)."""
+        for p in self.procs:
+            r = redis.Redis(port=p, decode_responses=True)
+            if r.cluster("info")["cluster_state"] != "ok":
+                return False
+            role = r.info("replication")
+            if role["role"] == "slave" and role.get("master_link_status") != "up":
+                return False
+        return True
+
+    def masters(self) -> dict[int, int | None]:
+        """Each live master's port -> the port of one of its replicas (None: it has none), as the cluster says."""
+        for p in self.procs:
+            try:
+                nodes = redis.Redis(port=p, decode_responses=True).execute_command("CLUSTER", "NODES")
+            except (redis.RedisError, OSError):
+                continue
+            rows = [line.split() for line in str(nodes).splitlines() if line]
+            by_id = {r[0]: int(r[1].split("@")[0].rsplit(":", 1)[1]) for r in rows}
+            out: dict[int, int | None] = {by_id[r[0]]: None for r in rows if "master" in r[2] and "fail" not in r[2]}
+            for r in rows:
+                if "slave" in r[2] and "fail" not in r[2] and by_id.get(r[3]) in out:
+                    out[by_id[r[3]]] = int(r[1].split("@")[0].rsplit(":", 1)[1])
+            return out
+        return {}
 
     @property
     def url(self) -> str:
@@ -136,3 +163,47 @@ class SentinelSet(Servers):
     def master_port(self) -> int:
         r = redis.Redis(port=self.sentinels[0], decode_responses=True)
         return int(r.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster")[1])
+
+
+def node_ids(ports: list[int]) -> dict[int, str]:
+    return {p: redis.Redis(port=p).execute_command("CLUSTER", "MYID").decode() for p in ports}
+
+
+def owner_of(ports: list[int], slot: int) -> int:
+    """The port of the master that serves ``slot`` (asked of each, so a node that redirects does not count)."""
+    for p in ports:
+        for start, end, master, *_ in redis.Redis(port=p).execute_command("CLUSTER", "SLOTS"):
+            if start <= slot <= end:
+                return int(master[1])
+    raise AssertionError(f"slot {slot} is not served")
+
+
+def open_migration(ports: list[int], slot: int, to_port: int) -> int:
+    """Mark ``slot`` MIGRATING on its owner and IMPORTING on ``to_port`` (keys not moved yet); the owner's port."""
+    src, ids = owner_of(ports, slot), node_ids(ports)
+    redis.Redis(port=to_port).execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[src])
+    redis.Redis(port=src).execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[to_port])
+    return src
+
+
+def move_keys(src: int, to_port: int, slot: int, limit: int = 1000) -> int:
+    """MIGRATE up to ``limit`` keys of ``slot`` from ``src`` to ``to_port``; how many moved."""
+    keys = redis.Redis(port=src).execute_command("CLUSTER", "GETKEYSINSLOT", slot, limit)
+    if keys:
+        redis.Redis(port=src).execute_command("MIGRATE", "127.0.0.1", to_port, "", 0, 5000, "KEYS", *keys)
+    return len(keys)
+
+
+def close_migration(ports: list[int], slot: int, to_port: int) -> None:
+    """Give ``slot`` to ``to_port`` on every master (its keys moved)."""
+    owner = node_ids(ports)[to_port]
+    for p in [to_port, *[q for q in ports if q != to_port]]:
+        redis.Redis(port=p).execute_command("CLUSTER", "SETSLOT", slot, "NODE", owner)
+
+
+def move_slot(ports: list[int], slot: int, to_port: int) -> None:
+    """Reshard one slot: its keys and its ownership, as ``redis-cli --cluster reshard`` does for each slot."""
+    src = open_migration(ports, slot, to_port)
+    while move_keys(src, to_port, slot):
+        pass
+    close_migration(ports, slot, to_port)

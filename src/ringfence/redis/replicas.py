@@ -9,7 +9,11 @@ fewer replicas than asked raises ``NotReplicated`` (the write is on the master a
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from typing import Any, TypeVar
+
+from redis.exceptions import AskError, MovedError, RedisClusterException, TryAgainError
 
 from ringfence.errors import NotReplicated
 from ringfence.redis.broker import Broker
@@ -37,24 +41,65 @@ def run_and_wait(broker: Broker, call: Call[T], replicas: int, timeout_ms: int) 
     """Run ``call``, then ``WAIT`` up to ``timeout_ms``; returns its answer and how many replicas confirmed it.
     The wait is split into several WAITs each shorter than the socket timeout, so a long wait is not taken
     for an unreachable Redis."""
-    client: Any = broker.sync
-    if broker.cluster:  # WAIT counts the replicas of the node that took the write, on its connection
-        client = client.get_node_from_key(call.keys[0]).redis_connection
     source, _ = script(call.name).for_server(broker.supports_flags(), broker.cluster)
-    options = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
-    waits = wait_slices(timeout_ms, options.get("socket_timeout"))
     try:
-        with client.pipeline(transaction=False) as p:
-            # EVAL, not EVALSHA: a replica promoted by a failover has no script cache
-            p.eval(source, len(call.keys), *call.keys, *call.args)
-            for ms in waits:  # one connection: each WAIT waits for this connection's write above
-                p.execute_command("WAIT", replicas, ms)
-            raw, *acked = p.execute()
+        if broker.cluster:
+            raw, acked = _on_cluster(broker.sync, call, source, replicas, timeout_ms)
+        else:
+            raw, acked = _send(broker.sync, call, source, replicas, timeout_ms, asking=False)
     except UNAVAILABLE as exc:
         broker.health.lost(exc)
         raise
     broker.health.ok()
-    return call.parse(raw), max(int(a) for a in acked)
+    return call.parse(raw), acked
+
+
+def _send(client: Any, call: Call[Any], source: str, replicas: int, timeout_ms: int, asking: bool) -> tuple[Any, int]:
+    """The script and its WAITs in one pipeline on one connection (``ASKING`` first on a slot being imported)."""
+    options = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    with client.pipeline(transaction=False) as p:
+        if asking:
+            p.execute_command("ASKING")
+        # EVAL, not EVALSHA: a replica promoted by a failover has no script cache
+        p.eval(source, len(call.keys), *call.keys, *call.args)
+        for ms in wait_slices(timeout_ms, options.get("socket_timeout")):
+            p.execute_command("WAIT", replicas, ms)  # one connection: each waits for this connection's write above
+        raw, *acked = p.execute()[1 if asking else 0:]
+    return raw, max(int(a) for a in acked)
+
+
+#: Redirections followed by a cluster's replicated write before giving up (as the cluster client's TTL does).
+REDIRECTIONS = 5
+
+
+def _on_cluster(client: Any, call: Call[Any], source: str, replicas: int, timeout_ms: int) -> tuple[Any, int]:
+    """WAIT counts the replicas of the node that took the write, so the pipeline goes to that node, past the cluster
+    client: MOVED (a reshard, a failover) refreshes its slot map and is followed, ASK goes to the importing node,
+    TRYAGAIN (keys of a slot half migrated) waits; a node that does not answer refreshes the map for the next call."""
+    node, asking = client.get_node_from_key(call.keys[0]), False
+    for attempt in range(REDIRECTIONS):
+        try:
+            return _send(client.get_redis_connection(node), call, source, replicas, timeout_ms, asking)
+        except MovedError:
+            client.nodes_manager.initialize()
+            node, asking = client.get_node_from_key(call.keys[0]), False
+        except AskError as exc:
+            node, asking = client.get_node(host=exc.host, port=exc.port), True
+            if node is None:  # a node the map does not know yet
+                client.nodes_manager.initialize()
+                node, asking = client.get_node_from_key(call.keys[0]), False
+        except TryAgainError:
+            time.sleep(0.05 * (attempt + 1))
+        except UNAVAILABLE:
+            _refresh(client)
+            raise
+    raise TryAgainError(f"{call.name}: the slot of {call.keys[0]} kept moving ({REDIRECTIONS} redirections)")
+
+
+def _refresh(client: Any) -> None:
+    """Reload the slot map after a node failed (the next call finds the replica promoted in its place)."""
+    with contextlib.suppress(*UNAVAILABLE, RedisClusterException):
+        client.nodes_manager.initialize()
 
 
 def wait_slices(timeout_ms: int, socket_timeout_s: float | None) -> list[int]:
