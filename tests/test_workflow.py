@@ -146,3 +146,11 @@ def test_bad_workflows_are_refused_with_one_clear_error(wf: ModuleType, rdb: red
     with pytest.raises(ringfence.PayloadError):
         ringfence.chain(wf.add.s(x="one")).enqueue()
     assert not list(rdb.scan_iter(f"{namespace}:*wf:*"))  # nothing stored
+
+
+async def test_aenqueue_stores_the_workflow_and_queues_only_its_first_steps(wf: ModuleType) -> None:
+    wid = await ringfence.chord([wf.member.s(x=1), wf.member.s(x=2)], wf.total.s()).aenqueue(business_id="b:1")
+    view = wf.app.workflow(wid)
+    assert view is not None and view.state == "running" and view.business_id == "b:1"
+    assert [s.state for s in view.steps] == ["queued", "queued", "waiting"]
+    assert [wf.app.broker.job_state("wf", s.job_id) for s in view.steps] == ["pending", "pending", None]
