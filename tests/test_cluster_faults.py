@@ -1,16 +1,21 @@
-"""Redis Cluster under faults, on private redis-server processes: a slot resharded under a producer."""
+"""Redis Cluster under faults, on private redis-server processes: a slot resharded under a producer, an ACL user
+without and with the cluster commands."""
 
 from __future__ import annotations
 
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from redis.exceptions import NoPermissionError
 
 from ringfence import App
 from ringfence.errors import NotReplicated
+from support import ROOT, wait_until
+from test_topology import _queues_on_every_node, cli, runs, worker
 from topology import HAVE_REDIS, Cluster, move_slot, owner_of
 
 pytestmark = [pytest.mark.topology,
@@ -46,3 +51,66 @@ def test_durable_enqueues_follow_a_resharded_slot(cluster: Cluster, tmp_path: Pa
     assert owner_of(cluster.ports, slot) == to
     assert sorted(redis.Redis(port=to).lrange(pending, 0, -1)) == [b"j1", b"j2", b"j3"]
     app.close()
+
+
+def _documented_acls() -> tuple[str, str]:
+    """docs/deployment.md's ACL lines, single Redis and cluster, as rules for a namespace ``{ns}``."""
+    lines = [ln for ln in (ROOT / "docs" / "deployment.md").read_text().splitlines()
+             if ln.startswith("ACL SETUSER ringfence ")]
+    rules = [ln.removeprefix("ACL SETUSER ringfence ").replace(">PASSWORD", ">s3cret").replace("ns:*", "{ns}:*")
+             for ln in lines]
+    single = [r for r in rules if "cluster|" not in r]
+    cluster = [r for r in rules if "+cluster|slots" in r]
+    assert single and cluster, "docs/deployment.md shows no single-Redis or no cluster ACL line"
+    return single[0], cluster[0]
+
+
+ACL, CLUSTER_ACL = _documented_acls()
+
+
+def _acl_user(cluster: Cluster, ns: str, rules: str) -> str:
+    """The ACL user ``ringfence`` set on every node (ACLs are per node); the cluster URL logging in as it."""
+    for p in cluster.ports:
+        redis.Redis(port=p).execute_command("ACL", "SETUSER", "ringfence", "reset", *rules.format(ns=ns).split())
+    return "redis+cluster://ringfence:s3cret@" + ",".join(f"127.0.0.1:{p}" for p in cluster.ports) + "/"
+
+
+def test_an_acl_user_without_cluster_slots_is_one_line(cluster: Cluster, redis_url: str) -> None:
+    """The single-Redis ACL line on a cluster: the client cannot read the slot map; the worker and ``info`` exit 3
+    with one line naming the command to grant, no traceback."""
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    url = _acl_user(cluster, ns, ACL)
+    for args in (["info"], ["worker", "--queues", "default"]):
+        done = cli(url, ns, redis_url, *args)
+        assert done.returncode == 3, (args, done.stdout, done.stderr)
+        assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+        assert "refused a command" in done.stderr and "'cluster|slots'" in done.stderr, done.stderr
+
+
+def test_the_documented_cluster_acl_runs_a_worker_and_the_cli(cluster: Cluster, redis_url: str) -> None:
+    """With ``+cluster|slots +cluster|shards`` added: a worker runs jobs of queues on three primaries, ``info``,
+    ``servers`` and ``dead list`` answer without NOPERM; keys outside the namespace stay refused."""
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    url = _acl_user(cluster, ns, CLUSTER_ACL)
+    app = App(url, ns, environment="test")
+    with pytest.raises(NoPermissionError):
+        app.broker.sync.get("other:key")
+    noop = app.task(name="noop")(_noop)
+    queues = _queues_on_every_node(app)
+    ids = {noop.with_options(queue=queues[i % 3]).enqueue(n=i) for i in range(12)}
+    rdb = redis.Redis.from_url(redis_url)
+    w = worker(url, ns, redis_url, "--queues", ",".join(queues))
+    try:
+        wait_until(lambda: runs(rdb, ns) >= ids or w.poll() is not None, timeout=30)
+        assert w.poll() is None, w.communicate()[0].decode(errors="replace")
+        for args in (["info"], ["servers"], ["dead", "list"]):
+            done = cli(url, ns, redis_url, *args)
+            assert done.returncode in (0, 1), (args, done.stdout, done.stderr)
+            assert "NOPERM" not in done.stdout + done.stderr and "Traceback" not in done.stderr, done.stderr
+    finally:
+        w.send_signal(signal.SIGTERM)
+        out = w.communicate(timeout=30)[0].decode(errors="replace")
+        rdb.delete(f"{ns}:test:runs")
+        app.close()
+    assert w.returncode == 0, out
+    assert "NOPERM" not in out and "Traceback" not in out, out
