@@ -1,5 +1,6 @@
 """Idle workers sleep on a pub/sub wake channel instead of polling (sharded pub/sub on a Redis 7 Cluster: each
-wake channel shares its queue's slot, so only that queue's node carries the message)."""
+wake channel shares its queue's slot, so only that queue's node carries the message; each node's subscription is
+read by its own task, shards.py, so one dead node delays no wake-up of the others)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ringfence.models import Fetched
 from ringfence.redis.broker import Broker
 from ringfence.redis.direct import told
 from ringfence.redis.keys import QueueKeys
+from ringfence.redis.shards import RETRY_S, ShardReaders
 
 BARRIER_S = 5.0  # the longest a re-subscribed worker waits for its PING's reply before it checks its leases
 PRUNE_AT = 64  # pushed jobs remembered before those finished are forgotten (one HMGET per queue)
@@ -43,6 +45,9 @@ class Waker:
         self.recovered = 0  # pushed jobs found lost and handed back by recover()
         self.checks = 0  # recover() calls that checked the leases
         self._pings = 0
+        self._shards: ShardReaders | None = None  # on a Cluster
+        self._unsubscribed: list[str] = []  # cluster channels whose node did not answer the SSUBSCRIBE yet
+        self._subscribe_at = 0.0
 
     def _on_reconnect(self, connection: Any) -> Awaitable[None]:
         """redis-py re-established the pub/sub connection (and re-subscribed on it): messages sent to the old one
@@ -55,7 +60,11 @@ class Waker:
     async def start(self) -> None:
         self._pubsub = self.broker.aio.pubsub(ignore_subscribe_messages=True)
         if self.broker.cluster:
-            await self._pubsub.ssubscribe(*[k.wake for k in self.queue_keys], *self._own)
+            self._shards = ShardReaders(self._pubsub)
+            self._unsubscribed = [*[k.wake for k in self.queue_keys], *self._own]
+            if not await self._subscribe_shards():  # no node answered: the caller retries (as on one Redis)
+                self._pubsub = None
+                raise redis.ConnectionError("no Redis Cluster node took the wake-up subscriptions")
         else:
             await self._pubsub.subscribe(*[k.wake for k in self.queue_keys], *self._own)
             register = getattr(self._pubsub.connection, "register_connect_callback", None)
@@ -64,11 +73,36 @@ class Waker:
             else:
                 register(self._on_reconnect)
 
+    async def _subscribe_shards(self) -> bool:
+        """SSUBSCRIBE each channel not subscribed yet, one by one: a node that does not answer keeps only its own
+        queues' channels for a later try. True when at least one channel is subscribed."""
+        left: list[str] = []
+        for channel in self._unsubscribed:
+            try:
+                await self._pubsub.ssubscribe(channel)
+            except (redis.RedisError, OSError):
+                left.append(channel)
+        done = len(left) < len(self.queue_keys) + len(self._own)
+        self._unsubscribed = left
+        self._subscribe_at = asyncio.get_running_loop().time()
+        if self._shards is not None:
+            self._shards.pump()
+        return done
+
     async def mark_busy(self) -> None:
+        if self.broker.cluster:  # one pipeline per queue: a dead node keeps only its own queues' marks
+            await asyncio.gather(*(self._unmark(k) for k in self.queue_keys), return_exceptions=True)
+            return
         async with self.broker.aio.pipeline(transaction=False) as p:
             for k in self.queue_keys:
                 p.zrem(k.idle, self.worker_id)
                 p.hdel(k.idle_lease, self.worker_id)
+            await p.execute()
+
+    async def _unmark(self, k: QueueKeys) -> None:
+        async with self.broker.aio.pipeline(transaction=False) as p:
+            p.zrem(k.idle, self.worker_id)
+            p.hdel(k.idle_lease, self.worker_id)
             await p.execute()
 
     async def wait(self, timeout_s: float) -> bool:
@@ -112,20 +146,19 @@ class Waker:
                                                    "handed_back"))
 
     async def _wait_sharded(self, timeout_s: float) -> bool:
-        # One connection per node owning a wake channel; read each briefly in turn until the deadline.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        woke = False
-        while True:
-            step = max(0.0, min(0.05, deadline - loop.time()))
-            msg = await self._pubsub.get_sharded_message(ignore_subscribe_messages=True, timeout=step)
-            if msg is not None:
-                self._keep(msg)
-            woke = woke or msg is not None
-            if msg is None and not getattr(self._pubsub, "node_pubsub_mapping", None):
-                await asyncio.sleep(step)  # no node subscribed (yet): do not spin
-            if (woke and msg is None) or (not woke and loop.time() >= deadline):
-                return woke
+        # Each node's reader task fills the inbox; the wait ends at the first message (or the timeout).
+        shards = self._shards
+        assert shards is not None
+        if self._unsubscribed and asyncio.get_running_loop().time() - self._subscribe_at >= RETRY_S:
+            await self._subscribe_shards()
+        shards.pump()
+        if not shards.inbox and timeout_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(shards.arrived.wait(), timeout_s)
+        messages = shards.take()
+        for msg in messages:
+            self._keep(msg)
+        return bool(messages)
 
     async def recover(self) -> None:
         """After the subscription was re-established: hand back at once the jobs pushed to this worker whose
@@ -186,7 +219,12 @@ class Waker:
         self._prune_at = max(PRUNE_AT, 2 * len(self.taken))
 
     async def restart(self) -> None:
-        """Subscribe again after a lost connection (errors are left for the next cycle to report)."""
+        """Subscribe again after a lost connection (errors are left for the next cycle to report). On a Cluster
+        only the channels whose node did not answer: each node's subscription reconnects by itself."""
+        if self.broker.cluster and self._pubsub is not None:
+            if self._unsubscribed:
+                await self._subscribe_shards()
+            return
         old, self._pubsub = self._pubsub, None
         if old is not None:
             with contextlib.suppress(redis.RedisError, OSError):
@@ -202,6 +240,9 @@ class Waker:
         deregister = getattr(pubsub.connection, "deregister_connect_callback", None)
         if deregister is not None and not self.broker.cluster:  # the connection goes back to the pool
             deregister(self._on_reconnect)
+        if self._shards is not None:
+            await self._shards.close()
+            self._shards = None
         await pubsub.aclose()
 
     async def close(self) -> None:

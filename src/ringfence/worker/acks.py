@@ -68,16 +68,30 @@ class Acks:
             self._timer.cancel()
             self._timer = None
         pending, self._pending, self._count = self._pending, defaultdict(list), 0
+        error: BaseException | None = None
         for queue in list(pending):
             pairs = pending[queue]
             try:
                 lost = await self.broker.arun(self.broker.ack(queue, pairs))
+            except UNAVAILABLE as exc:  # its node down (Cluster): the other queues' acks still go now
+                error = error or exc
+                if self.broker.cluster:
+                    continue
+                self._keep(pending)
+                raise
             except BaseException:
-                for q, left in pending.items():  # keep what was not acked for the next flush
-                    self._pending[q].extend(left)
-                    self._count += len(left)
+                self._keep(pending)
                 raise
             del pending[queue]
             if lost:
                 log.warning("ack of %d job(s) in %s refused: their lease had moved to another attempt: %s",
                             len(lost), queue, " ".join(lost[:10]))
+        if error is not None:
+            self._keep(pending)
+            raise error
+
+    def _keep(self, pending: dict[str, list[tuple[str, str]]]) -> None:
+        """What was not acked goes into the next flush."""
+        for queue, left in pending.items():
+            self._pending[queue].extend(left)
+            self._count += len(left)

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ringfence.models import Fetched
 from ringfence.redis.broker import Broker
+from ringfence.redis.connection import UNAVAILABLE
 from ringfence.redis.waker import Waker
 from ringfence.worker.outcomes import weighted_order
 
 log = logging.getLogger("ringfence.worker")
+
+DOWN_S = 0.5  # a queue whose Redis node did not answer is left out of fetches this long (the others go on)
 
 
 class Stopping(asyncio.Event):
@@ -45,6 +49,7 @@ class Fetcher:
         self._marked = False  # the last fetch left this worker marked idle in some queue (fetch.lua)
         self._starving: list[str] = []
         self._starving_at = 0.0
+        self.down: dict[str, float] = {}  # queue -> monotonic time until which its fetch is skipped
 
     async def cycle(self, free: int, start: Callable[[Fetched], None]) -> None:
         """Fetch up to ``free`` jobs and ``start`` each; once every queue was found empty, wait idle until woken.
@@ -62,8 +67,8 @@ class Fetcher:
                 await self.waker.wait(0)  # reads what was pushed before the unmark
             else:
                 return
-        else:
-            await self.until(self.waker.wait(self.idle_s))
+        else:  # a queue left out (its node down) is tried again soon, not at the fallback timer
+            await self.until(self.waker.wait(DOWN_S if self.down else self.idle_s))
         pushed = self.waker.take()
         if pushed:
             await self.take_pushed(pushed, self._left, start)
@@ -94,6 +99,12 @@ class Fetcher:
         if error is not None:
             raise error
 
+    def _left_out(self, queue: str, exc: BaseException) -> None:
+        if queue not in self.down:
+            log.warning("queue %s: its Redis node does not answer (%s: %s); the other queues are served, this one "
+                        "is tried every %gs", queue, type(exc).__name__, exc, DOWN_S)
+        self.down[queue] = time.monotonic() + DOWN_S
+
     async def order(self) -> list[str]:
         order = weighted_order(self.queues, self.strict)
         if not self.max_wait:
@@ -115,11 +126,23 @@ class Fetcher:
         until = now + int((self.idle_s + 1) * 1000)  # outlives the idle wait (its fallback timer)
         started, more = 0, False
         self._marked = False
+        failed: list[BaseException] = []
         for queue in await self.order():
+            if self.down.get(queue, 0.0) > time.monotonic():
+                continue
             self._seq += 1
             token = f"{self.server_id}.{self._seq}"
-            got, empty = await self.broker.arun(self.broker.fetch_marking(
-                queue, free, now + self.lease_ms, token, self.server_id, until))
+            try:
+                got, empty = await self.broker.arun(self.broker.fetch_marking(
+                    queue, free, now + self.lease_ms, token, self.server_id, until))
+            except UNAVAILABLE as exc:  # one node down (Cluster): the queues of the others are still served
+                if not self.broker.cluster:
+                    raise
+                self._left_out(queue, exc)
+                failed.append(exc)
+                continue
+            if self.down.pop(queue, None) is not None:
+                log.warning("queue %s: its Redis node answers again; fetching from it", queue)
             self._marked = self._marked or (empty and len(got) < free)  # as fetch.lua marks
             dangling = [job_id for job_id, _, attempt in got if attempt == 0]
             if dangling:
@@ -134,6 +157,8 @@ class Fetcher:
                 more = True
                 break
         self._left = free
+        if failed and not started and len(self.down) >= len(self.queues):
+            raise failed[-1]  # no queue answers: the processor's backoff and outage report
         if started:
             await asyncio.sleep(0)  # the started jobs reach their handlers before the next fetch or the wait
         return more

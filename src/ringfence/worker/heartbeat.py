@@ -153,8 +153,15 @@ class Heartbeat(Loop):
             # Never beyond max_lease_s after the start: a hung job loses its lease in the end.
             cap = lease.started_ms + int(settings.max_lease_s * 1000)
             by_queue[lease.queue].append((lease.job_id, lease.token, min(now + int(settings.lease_s * 1000), cap)))
+        error: BaseException | None = None
         for queue, leases in by_queue.items():
-            lost = await broker.arun(broker.extend(queue, leases))
+            try:
+                lost = await broker.arun(broker.extend(queue, leases))
+            except UNAVAILABLE as exc:  # its node down (Cluster): the other queues' leases are renewed still
+                if not broker.cluster:
+                    raise
+                error = error or exc
+                continue
             if lost:
                 self.holder.lease_lost(lost)
         until = now + int(settings.lease_s * 1000)
@@ -163,3 +170,5 @@ class Heartbeat(Loop):
             by_limit[(slot.kind, slot.name)].append((slot.holder, until))
         for (kind, name), holders in by_limit.items():
             await broker.arun(broker.extend_slots(kind, name, holders))
+        if error is not None:
+            raise error

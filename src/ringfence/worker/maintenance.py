@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ringfence.redis.broker import Broker
+from ringfence.redis.call import Call
+from ringfence.redis.connection import UNAVAILABLE
 from ringfence.worker.loop import Loop
 
 log = logging.getLogger("ringfence.worker")
@@ -26,10 +29,33 @@ class QueueSet:
 
     async def names(self) -> list[str]:
         if time.monotonic() - self._at > self.refresh_s:
-            raw = await self.broker.aio.smembers(self.broker.keys.queues)
+            try:
+                raw = await self.broker.aio.smembers(self.broker.keys.queues)
+            except UNAVAILABLE:  # the namespace's node down (Cluster): the names known so far are served
+                self._at = time.monotonic() - self.refresh_s + 1.0
+                return self._names
             self._names = sorted({*self.own, *(x.decode() if isinstance(x, bytes) else str(x) for x in raw)})
             self._at = time.monotonic()
         return self._names
+
+
+async def each_queue(broker: Broker, names: list[str], call: Callable[[str], Call[Any]]) -> dict[str, Any]:
+    """``call(queue)`` run for every queue; one whose node does not answer (Cluster) holds up none of the others.
+    The first such error is raised after the others ran (the loop reports it and comes back soon)."""
+    out: dict[str, Any] = {}
+    error: BaseException | None = None
+    for queue in names:
+        try:
+            out[queue] = await broker.arun(call(queue))
+        except UNAVAILABLE as exc:
+            if not broker.cluster:
+                raise
+            error = error or exc
+    if error is not None and not out:
+        raise error
+    if error is not None:
+        log.debug("queue skipped, its Redis node does not answer: %s", error)
+    return out
 
 
 class Recoverer(Loop):
@@ -43,8 +69,7 @@ class Recoverer(Loop):
         self.queues = queues
 
     async def tick(self) -> None:
-        for queue in await self.queues.names():
-            ids = await self.broker.arun(self.broker.recover(queue))
+        for queue, ids in (await each_queue(self.broker, await self.queues.names(), self.broker.recover)).items():
             if ids:
                 log.warning("recovered %d orphaned job(s) in queue %s: %s", len(ids), queue, " ".join(ids[:10]))
 
@@ -86,9 +111,10 @@ class Promoter(Loop):
         self.queues = queues
 
     async def tick(self) -> None:
-        for queue in await self.queues.names():
-            while await self.broker.arun(self.broker.promote(queue)) >= 1000:
-                pass
+        busy = await self.queues.names()
+        while busy:  # a queue with 1000 due jobs or more is promoted again at once
+            moved = await each_queue(self.broker, busy, self.broker.promote)
+            busy = [queue for queue, n in moved.items() if n >= 1000]
 
 
 class SchedulerLoop(Loop):

@@ -1,0 +1,72 @@
+"""Sharded pub/sub on a Redis Cluster read node by node: one reader task per node subscription, so a message is
+seen the moment it arrives, and a dead or slow node delays no message of the others."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any, NamedTuple
+
+import redis
+
+READ_S = 1.0  # one read's wait; a reader blocks only itself
+RETRY_S = 0.5  # a node whose subscription fails is tried again this often (its reader alone waits)
+
+
+class _Node(NamedTuple):
+    name: str  # all get_sharded_message(target_node=...) reads of a node
+
+
+class ShardReaders:
+    """Readers over redis-py's cluster pub/sub (``node_pubsub_mapping``: one subscription per node). ``pump``
+    follows that mapping as redis-py changes it (a failover moves channels to the new master)."""
+
+    def __init__(self, pubsub: Any) -> None:
+        self.pubsub = pubsub
+        self.inbox: list[dict[str, Any]] = []
+        self.arrived = asyncio.Event()
+        self.failing: dict[str, float] = {}  # node name -> monotonic time its reads started failing
+        self._readers: dict[str, tuple[Any, asyncio.Task[None]]] = {}
+
+    def pump(self) -> None:
+        mapping = dict(getattr(self.pubsub, "node_pubsub_mapping", {}) or {})
+        for name, (node_pubsub, task) in list(self._readers.items()):
+            if mapping.get(name) is not node_pubsub or task.done():
+                task.cancel()
+                del self._readers[name]
+                self.failing.pop(name, None)
+        for name, node_pubsub in mapping.items():
+            if name not in self._readers:
+                task = asyncio.create_task(self._read(name), name=f"wake-reader {name}")
+                self._readers[name] = (node_pubsub, task)
+
+    def take(self) -> list[dict[str, Any]]:
+        out, self.inbox = self.inbox, []
+        self.arrived.clear()
+        return out
+
+    async def _read(self, name: str) -> None:
+        node = _Node(name)
+        while True:
+            try:
+                msg = await self.pubsub.get_sharded_message(ignore_subscribe_messages=True, timeout=READ_S,
+                                                            target_node=node)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a node down, a subscription being moved: this node's reader alone waits
+                self.failing.setdefault(name, time.monotonic())
+                await asyncio.sleep(RETRY_S)
+                continue
+            self.failing.pop(name, None)
+            if msg is not None:
+                self.inbox.append(msg)
+                self.arrived.set()
+
+    async def close(self) -> None:
+        for _, task in self._readers.values():
+            task.cancel()
+        for _, task in self._readers.values():
+            with contextlib.suppress(asyncio.CancelledError, redis.RedisError, OSError):
+                await task
+        self._readers = {}
