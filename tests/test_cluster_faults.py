@@ -1,9 +1,10 @@
-"""Redis Cluster under faults, on private redis-server processes: a slot resharded under a producer, an ACL user
-without and with the cluster commands."""
+"""Redis Cluster under faults, on private redis-server processes: a slot resharded under a producer and under a
+worker, an ACL user without and with the cluster commands."""
 
 from __future__ import annotations
 
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,11 +13,11 @@ import pytest
 import redis
 from redis.exceptions import NoPermissionError
 
-from ringfence import App
+from ringfence import App, RingfenceError
 from ringfence.errors import NotReplicated
 from support import ROOT, wait_until
 from test_topology import _queues_on_every_node, cli, runs, worker
-from topology import HAVE_REDIS, Cluster, move_slot, owner_of
+from topology import HAVE_REDIS, Cluster, close_migration, move_keys, move_slot, open_migration, owner_of
 
 pytestmark = [pytest.mark.topology,
               pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server and redis-cli")]
@@ -114,3 +115,38 @@ def test_the_documented_cluster_acl_runs_a_worker_and_the_cli(cluster: Cluster, 
         app.close()
     assert w.returncode == 0, out
     assert "NOPERM" not in out and "Traceback" not in out, out
+
+
+def test_a_slot_migrating_under_a_worker_is_waited_out(cluster: Cluster, redis_url: str) -> None:
+    """A queue's slot held half migrated (some keys moved, MIGRATING/IMPORTING: every script of the queue answers
+    TRYAGAIN or ASK) for 3 s, then moved: the worker logs no traceback and runs the jobs after it; an enqueue
+    meanwhile raises a ringfence error naming the reshard, not redis-py's."""
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    app = App(cluster.url, ns, environment="test")
+    noop = app.task(name="noop")(_noop).with_options(queue="qm")
+    rdb = redis.Redis.from_url(redis_url)
+    w = worker(cluster.url, ns, redis_url, "--queues", "qm")
+    try:
+        first = {noop.enqueue(n=i) for i in range(5)}
+        wait_until(lambda: runs(rdb, ns) >= first or w.poll() is not None, timeout=30)
+        slot = int(app.broker.sync.keyslot(app.broker.keys.queue("qm").pending))  # type: ignore[attr-defined]
+        to = next(p for p in cluster.ports if p != owner_of(cluster.ports, slot))
+        src = open_migration(cluster.ports, slot, to)
+        assert move_keys(src, to, slot, limit=1) == 1  # the queue's keys now split over two nodes
+        with pytest.raises(RingfenceError, match="moving this slot") as caught:
+            noop.enqueue(n=-1)
+        assert not isinstance(caught.value, redis.RedisError)
+        time.sleep(3.0)  # the fetch loop, heartbeat, promoter and recoverer meet the migration
+        while move_keys(src, to, slot):
+            pass
+        close_migration(cluster.ports, slot, to)
+        after = {noop.enqueue(n=i) for i in range(5, 10)}
+        wait_until(lambda: runs(rdb, ns) >= after or w.poll() is not None, timeout=30)
+        assert w.poll() is None, w.communicate()[0].decode(errors="replace")
+    finally:
+        w.send_signal(signal.SIGTERM)
+        out = w.communicate(timeout=30)[0].decode(errors="replace")
+        rdb.delete(f"{ns}:test:runs")
+        app.close()
+    assert w.returncode == 0, out
+    assert "Traceback" not in out and "refused: their lease had moved" not in out, out

@@ -13,7 +13,7 @@ import redis
 from redis.connection import parse_url
 
 from ringfence.errors import BrokerError, CannotConnect, NotPermitted
-from ringfence.redis.connection import Health, parse_target
+from ringfence.redis.connection import RESHARDING, Health, parse_target
 
 T = TypeVar("T")
 
@@ -107,4 +107,7 @@ def broker_error(what: str, exc: Exception, url: str | None) -> BrokerError:
     line = cannot_connect(exc, url)
     if line is not None:
         return CannotConnect(f"{what}: {' '.join(line.split())}")
+    if isinstance(exc, RESHARDING) and not isinstance(exc, redis.exceptions.ClusterDownError):
+        return BrokerError(f"{what}: the Redis Cluster is moving this slot to another node (a reshard); retry once "
+                           f"it moved: {type(exc).__name__}: {said}")
     return BrokerError(f"{what}: Redis answered {type(exc).__name__}: {said}")

@@ -28,7 +28,7 @@ import redis.sentinel
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.connection import parse_url
-from redis.exceptions import ClusterDownError, ReadOnlyError, TryAgainError
+from redis.exceptions import AskError, ClusterDownError, ClusterError, MovedError, ReadOnlyError, TryAgainError
 from redis.retry import Retry
 
 from ringfence.errors import BadRedisUrl, NotPermitted, RedisFull
@@ -36,9 +36,12 @@ from ringfence.errors import BadRedisUrl, NotPermitted, RedisFull
 log = logging.getLogger("ringfence.redis")
 
 #: Errors meaning "Redis did not answer" (refused, reset, timed out, loading, a cluster or Sentinel failover in
-#: progress, READONLY from a master that became a replica): wait and try again.
+#: progress, READONLY from a master that became a replica, a slot being resharded: MOVED, ASK or TRYAGAIN left
+#: after the cluster client's own redirections, ``ClusterError`` when they ran out): wait and try again.
 UNAVAILABLE: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError, ClusterDownError,
-                                            TryAgainError, ReadOnlyError)
+                                            TryAgainError, ReadOnlyError, ClusterError, MovedError, AskError)
+#: The cluster's answers while a slot moves between nodes (a reshard): the same queue works once it moved.
+RESHARDING: tuple[type[Exception], ...] = (ClusterError, MovedError, AskError, TryAgainError)
 #: Redis answered, with an error (a refused write, a script error).
 REFUSED: tuple[type[Exception], ...] = (redis.ResponseError, RedisFull)
 
