@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from typing import Any, NoReturn, Protocol
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, ClassVar, NoReturn, Protocol
 
 import orjson
 
@@ -42,6 +42,13 @@ def _chunks(idx: list[int], prepared: list[Prepared]) -> Iterator[list[int]]:
             part, size = [], 0
     if part:
         yield part
+
+
+class Tracing:
+    """Set by an instrumentation (contrib/otel): ``fields()`` gives the spec fields carrying the caller's trace
+    context. None: specs stay as they are and plain enqueues keep their fast path."""
+
+    fields: ClassVar[Callable[[], dict[str, str]] | None] = None
 
 
 class ProducerConfig(Protocol):
@@ -88,6 +95,8 @@ class Client:
             timeout_ms=None if opts.timeout_s is None else int(opts.timeout_s * 1000),
             expires_ms=None if expiry_s is None else max(now, at) + int(expiry_s * 1000),
         )
+        if Tracing.fields is not None:
+            spec.extra.update(Tracing.fields())
         job_id = check_name("job id", opts.job_id) if opts.job_id else new_job_id()
         ukey, until = self._unique(task, args, opts, max(now, at))
         encoded = spec.encode()
@@ -231,7 +240,7 @@ class Client:
     def enqueue(self, task: Task, payload: Any, opts: EnqueueOptions) -> str:
         try:
             if (opts is NO_OPTIONS and not self.app.min_replicas and task.unique_for is None
-                    and not task.store_result):
+                    and not task.store_result and Tracing.fields is None):
                 try:
                     ready = self._ready[task]
                 except KeyError:

@@ -14,15 +14,19 @@ did arrive is refused by Redis while the job is queued.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from ringfence.client import Tracing
 from ringfence.errors import ConfigError
 from ringfence.models import new_job_id
 from ringfence.tasks import EnqueueOptions, Task
@@ -44,6 +48,17 @@ class Deferred:
     options: EnqueueOptions
     kept_at: float = 0.0     # time.monotonic() when its first send failed (0: not failed yet)
     given_up: bool = False   # retried for retry_for_s: left for resend() or the operator
+    context: contextvars.Context | None = None  # the caller's, when traced: the send continues its trace
+
+    def send(self, enqueue: Callable[..., str]) -> str:
+        args = (self.task, self.args, self.options)
+        return enqueue(*args) if self.context is None else self.context.copy().run(enqueue, *args)
+
+    async def asend(self, client: Client) -> str:
+        send = client.aenqueue(self.task, self.args, self.options)
+        if self.context is None:
+            return await send
+        return await asyncio.get_running_loop().create_task(send, context=self.context.copy())
 
     @property
     def id(self) -> str:
@@ -91,7 +106,8 @@ class OnCommit:
     def defer(self, task: Task, target: Any, payload: Any, opts: EnqueueOptions, using: str | None = None) -> str:
         """Check the job now, send it after ``target``'s transaction commits; returns its id."""
         args = orjson.loads(orjson.dumps(self.app.client.check(task, payload, opts)))  # a snapshot
-        job = Deferred(task, args, replace(opts, job_id=opts.job_id or new_job_id()))
+        context = None if Tracing.fields is None else contextvars.copy_context()
+        job = Deferred(task, args, replace(opts, job_id=opts.job_id or new_job_id()), context=context)
         if target is None or _is_django(target):
             _django_on_commit(self, job, target, using)
         else:
@@ -114,7 +130,7 @@ class OnCommit:
         client = self.app.client
         for job in jobs:
             try:
-                client.enqueue(job.task, job.args, job.options)
+                job.send(client.enqueue)
             except Exception as exc:  # commit is done: keep the job, never raise into the caller's commit
                 self._keep(job, exc)
             else:
@@ -124,7 +140,7 @@ class OnCommit:
         client = self.app.client
         for job in jobs:
             try:
-                await client.aenqueue(job.task, job.args, job.options)
+                await job.asend(client)
             except Exception as exc:
                 self._keep(job, exc)
             else:
@@ -159,7 +175,7 @@ class OnCommit:
         sent = 0
         for job in jobs:
             try:
-                self.app.client.enqueue(job.task, job.args, job.options)
+                job.send(self.app.client.enqueue)
             except Exception as exc:
                 log.debug("on-commit job %s: resend failed: %s", job.id, exc)
                 continue

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, ClassVar, Final, Protocol
 
 from ..errors import ConfigError, ReconcileTimeout
 from ..offloop import call_off_loop
@@ -29,7 +29,7 @@ from .core import RECONCILE, Core, NotHappened
 from .hop import HOP
 from .model import FenceBackend, Owner
 
-__all__ = ["NOT_HAPPENED", "AsyncStep", "FenceContext", "Fences", "Owner", "Step", "StepOptions"]
+__all__ = ["NOT_HAPPENED", "AsyncStep", "FenceContext", "Fences", "Owner", "Step", "StepOptions", "Tracing"]
 
 #: What a ``reconcile`` hook returns when the provider has no record of the key: calling again is safe.
 NOT_HAPPENED: Final = NotHappened()
@@ -76,6 +76,19 @@ class StepOptions:
             raise ConfigError(problems)
 
 
+class StepTracer(Protocol):
+    """Sees a step open (``begin``, returning its span) and close (``end``, with the error that left the block)."""
+
+    def begin(self, core: Core) -> Any: ...
+    def end(self, span: Any, core: Core, exc: BaseException | None) -> None: ...
+
+
+class Tracing:
+    """Set by an instrumentation (contrib/otel); None: steps are not traced and pay one attribute read."""
+
+    tracer: ClassVar[StepTracer | None] = None
+
+
 class Fences:
     """The fences one job attempt may own. The worker builds one per attempt.
 
@@ -105,8 +118,26 @@ class FenceContext:
     def __init__(self, core: Core) -> None:
         self._core = core
         self._astore: Any = None
+        self._span: Any = None
+
+    def _begin(self) -> None:
+        if Tracing.tracer is not None:
+            self._span = Tracing.tracer.begin(self._core)
+
+    def _end(self, exc: BaseException | None) -> None:
+        span, self._span = self._span, None
+        if span is not None and Tracing.tracer is not None:
+            Tracing.tracer.end(span, self._core, exc)
 
     def __enter__(self) -> Step:
+        self._begin()
+        try:
+            return self._enter()
+        except BaseException as exc:
+            self._end(exc)
+            raise
+
+    def _enter(self) -> Step:
         core = self._core
         if core.enter() is RECONCILE:
             answer = core.opts.reconcile(core.key, core.request) if core.opts.reconcile else None
@@ -118,9 +149,20 @@ class FenceContext:
 
     def __exit__(self, et: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._core.exit(exc)
+        try:
+            self._core.exit(exc)
+        finally:
+            self._end(exc)
 
     async def __aenter__(self) -> AsyncStep:
+        self._begin()
+        try:
+            return await self._aenter()
+        except BaseException as exc:
+            self._end(exc)
+            raise
+
+    async def _aenter(self) -> AsyncStep:
         core = self._core
         # The store's statements run on the loop where it has an async engine (astore.py); otherwise they are
         # blocking I/O and run in a thread.
@@ -136,6 +178,12 @@ class FenceContext:
 
     async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
+        try:
+            await self._aexit(exc)
+        finally:
+            self._end(exc)
+
+    async def _aexit(self, exc: BaseException | None) -> None:
         core = self._core
         if core.settled():  # nothing left to write: no thread hop
             return

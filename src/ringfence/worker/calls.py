@@ -99,12 +99,12 @@ class AsyncBounds:
 
 
 async def call_async(task: Task, ctx: JobContext, args: tuple[Any, ...], kwargs: dict[str, Any],
-                     timeout_s: float, bounds: AsyncBounds) -> Any:
+                     timeout_s: float, bounds: AsyncBounds, fn: Callable[..., Any] | None = None) -> Any:
     """The handler's return value. Past ``timeout_s`` its Task is cancelled and this raises ``JobTimeout``
     (a cancellation from elsewhere, shutdown or a lost lease, stays a ``CancelledError``)."""
     bound = bounds.enter(timeout_s)
     try:
-        value = await task.fn(ctx, *args, **kwargs)
+        value = await (fn or task.fn)(ctx, *args, **kwargs)
     except asyncio.CancelledError:
         if bound.expired and bound.task.uncancel() <= bound.cancelling:
             raise JobTimeout(timeout_s) from None
@@ -454,13 +454,13 @@ def _stuck(run: SyncRun) -> None:
 
 async def call_sync(runner: SyncRunner, task: Task, ctx: JobContext, args: tuple[Any, ...],
                     kwargs: dict[str, Any], timeout_s: float, *, on_thread: Callable[[SyncRun], None],
-                    on_overrun: Callable[[], None]) -> Any:
+                    on_overrun: Callable[[], None], fn: Callable[..., Any] | None = None) -> Any:
     """Run a sync handler on ``runner``'s threads; ``on_thread`` receives its ``SyncRun`` (``done()`` once its
     thread has returned). The timeout counts from the moment the thread starts. Past it: ``ctx.cancelled`` is
     set, ``on_overrun`` is called if the thread has not returned ``grace_s`` later (the worker must be
     replaced), and this call still waits for the thread, then raises ``JobTimeout``. Cancelling this call never
     stops the thread: the caller decides what becomes of a job whose thread still runs."""
-    run = runner.submit(task.fn, (ctx, *args), kwargs, timeout_s, ctx, task.name, on_overrun)
+    run = runner.submit(fn or task.fn, (ctx, *args), kwargs, timeout_s, ctx, task.name, on_overrun)
     on_thread(run)
     assert run.future is not None
     try:

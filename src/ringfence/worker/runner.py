@@ -38,8 +38,8 @@ class Runner:
         self.shutting_down = False  # from the stop's start: ctx.cancelled set; a cancelled job requeued, not an error
         self.bounds = AsyncBounds()  # async handlers' time bounds: one timer for all
 
-    def begin(self, r: Running, a: Admitted) -> tuple[JobContext, float]:
-        """The handler is about to run: its context and its timeout (s)."""
+    def begin(self, r: Running, a: Admitted) -> tuple[JobContext, float, Callable[..., Any]]:
+        """The handler is about to run: its context, its timeout (s) and what to call (the observers' wrapper)."""
         job, task, spec = r.job, a.task, a.spec
         timeout_s = spec.timeout_ms / 1000 if spec.timeout_ms else task.options.timeout_s
         r.started = time.monotonic()
@@ -54,16 +54,17 @@ class Runner:
             ctx.workflow = workflows.step_of(spec.extra)
         if self.shutting_down:  # started after the stop began (admitted meanwhile): told at once
             ctx.cancelled.set()
-        return ctx, timeout_s
+        fn = self.observers.handler(job, spec, ctx, task.fn) if self.observers.wraps else task.fn
+        return ctx, timeout_s, fn
 
     async def run(self, r: Running, a: Admitted) -> Verdict:
-        ctx, timeout_s = self.begin(r, a)
+        ctx, timeout_s, fn = self.begin(r, a)
         task = a.task
         try:
             if task.is_async:
-                value = await call_async(task, ctx, a.args, a.kwargs, timeout_s, self.bounds)
+                value = await call_async(task, ctx, a.args, a.kwargs, timeout_s, self.bounds, fn=fn)
             else:
-                value = await self._sync(r, task, ctx, a.args, a.kwargs, timeout_s)
+                value = await self._sync(r, task, ctx, a.args, a.kwargs, timeout_s, fn)
         except BaseException as exc:
             return self.raised(r, task, ctx, exc)
         return self.returned(r, a, value)
@@ -75,9 +76,9 @@ class Runner:
         earlier = self.leftover.get(r.job.id) if self.leftover else None
         if earlier is not None and earlier.thread is not None:
             return False
-        ctx, timeout_s = self.begin(r, a)
+        ctx, timeout_s, fn = self.begin(r, a)
         task = a.task
-        r.thread = self.pool.submit(task.fn, (ctx, *a.args), a.kwargs, timeout_s, ctx, task.name,
+        r.thread = self.pool.submit(fn, (ctx, *a.args), a.kwargs, timeout_s, ctx, task.name,
                                     self.on_restart_required, then, (r, a))
         return True
 
@@ -125,7 +126,7 @@ class Runner:
         return self.pool.running
 
     async def _sync(self, r: Running, task: Task, ctx: JobContext, args: tuple[Any, ...], kwargs: dict[str, Any],
-                    timeout_s: float) -> Any:
+                    timeout_s: float, fn: Callable[..., Any]) -> Any:
         """A sync handler ``start_sync`` did not take (a gated job, or one whose earlier run holds a thread)."""
         earlier = self.leftover.get(ctx.id) if self.leftover else None
         if earlier is not None and earlier.thread is not None:
@@ -136,7 +137,7 @@ class Runner:
             r.thread = run
 
         return await call_sync(self.pool, task, ctx, args, kwargs, timeout_s, on_thread=on_thread,
-                               on_overrun=self.on_restart_required)
+                               on_overrun=self.on_restart_required, fn=fn)
 
     def _failed(self, task: Task, ctx: JobContext, exc: BaseException, tb: str) -> Verdict:
         self.observers.raised(exc)

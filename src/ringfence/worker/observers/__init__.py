@@ -4,6 +4,8 @@ Each lives in its own module with the one thing it needs; the pipeline calls the
 nothing of what they do:
 
     started(job, task, wait_s)           the handler is about to run (``wait_s``: enqueue to start)
+    handler(job, spec, ctx, fn)          its context is made: returns what to call in the handler's place
+                                         (``fn`` or a wrapper of it, run where the handler runs)
     raised(exc)                          the handler raised (before it is classified)
     ran(job, task, verdict)     [async]  the handler returned or raised; its gate slots are released
                                          (``hears_ran(task)`` False: not called for that task's jobs)
@@ -18,10 +20,11 @@ never stops the others.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ringfence.models import DeadJob, Fetched, JobSpec
-from ringfence.tasks import Task
+from ringfence.tasks import JobContext, Task
 from ringfence.worker.outcomes import Outcome, Verdict
 
 
@@ -30,6 +33,9 @@ class Observer:
 
     def started(self, job: Fetched, task: Task, wait_s: float) -> None:
         return None
+
+    def handler(self, job: Fetched, spec: JobSpec, ctx: JobContext, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return fn
 
     def raised(self, exc: BaseException) -> None:
         return None
@@ -51,6 +57,10 @@ class Observer:
         return None
 
 
+#: Observers an instrumentation adds to every worker pipeline made while it is installed (contrib/otel).
+INSTALLED: list[Observer] = []
+
+
 def _overrides(o: Observer, hook: str) -> bool:
     return getattr(type(o), hook) is not getattr(Observer, hook)
 
@@ -59,9 +69,12 @@ class Observers:
     """The observers of one worker, called in the order given."""
 
     def __init__(self, observers: list[Observer]) -> None:
-        self.all = observers
+        observers = self.all = [*observers, *INSTALLED]
         hooks: dict[str, list[Any]] = {h: [getattr(o, h) for o in observers if _overrides(o, h)]
-                                       for h in ("started", "raised", "ran", "finished", "dead", "unreadable")}
+                                       for h in ("started", "handler", "raised", "ran", "finished", "dead",
+                                                 "unreadable")}
+        self._handler = hooks["handler"]
+        self.wraps = bool(self._handler)  # False: the runner calls the handler itself, no hook per job
         self._started, self._raised, self._ran = hooks["started"], hooks["raised"], hooks["ran"]
         self._finished, self._dead, self._unreadable = hooks["finished"], hooks["dead"], hooks["unreadable"]
         self._hear_ran = [o for o in observers if _overrides(o, "ran")]
@@ -77,6 +90,11 @@ class Observers:
     def started(self, job: Fetched, task: Task, wait_s: float) -> None:
         for hook in self._started:
             hook(job, task, wait_s)
+
+    def handler(self, job: Fetched, spec: JobSpec, ctx: JobContext, fn: Callable[..., Any]) -> Callable[..., Any]:
+        for hook in self._handler:
+            fn = hook(job, spec, ctx, fn)
+        return fn
 
     def raised(self, exc: BaseException) -> None:
         for hook in self._raised:
