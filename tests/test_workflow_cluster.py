@@ -1,0 +1,64 @@
+"""Workflows on a private 3-master Redis Cluster: the workflow's hash lives in its queue's slot, so its start, each
+step's ack-and-advance and a dead step's dead-letter are scripts of one slot; a real worker runs a chain, a chord and
+a failing chain there, and `ringfence workflow show` reads them."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import orjson
+import pytest
+
+import ringfence
+from support import ROOT, wait_until
+from topology import HAVE_REDIS, Cluster
+
+pytestmark = [pytest.mark.topology, pytest.mark.slow,
+              pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server and redis-cli")]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("wfcluster"))
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def wf(cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """tests/workflowapp.py on the cluster, a namespace of its own."""
+    for name, value in {"RINGFENCE_REDIS_URL": str(cluster.url), "RINGFENCE_NAMESPACE": f"c{uuid.uuid4().hex[:8]}",
+                        "WF_DIR": str(tmp_path),
+                        "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}.items():
+        monkeypatch.setenv(name, value)
+    sys.modules.pop("workflowapp", None)
+    module = importlib.import_module("workflowapp")
+    yield module
+    module.app.close()
+    sys.modules.pop("workflowapp", None)
+
+
+def test_a_chain_a_chord_and_a_dead_step_on_a_cluster(wf: ModuleType) -> None:
+    done = ringfence.chain(wf.add.s(x=1), wf.add.s(x=2),
+                           ringfence.chord([wf.member.s(x=5), wf.member.s(x=6)], wf.total.s())).enqueue()
+    failed = ringfence.chain(wf.add.s(x=1), wf.boom.s(n=3), wf.add.s(x=1)).enqueue()
+    worker = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", "workflowapp:app"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wanted = ((done, "done"), (failed, "failed"))
+        wait_until(lambda: all((v := wf.app.workflow(w)) and v.state == s for w, s in wanted), timeout=40)
+        assert wf.app.workflow(failed).failed == ["workflowapp.boom"]
+        out = subprocess.run([sys.executable, "-m", "ringfence.cli", "workflow", "show", done, "--app",
+                              "workflowapp:app"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert [s["result"] for s in orjson.loads(out.stdout)["steps"]] == [1, 3, 5, 6, {"sum": 11, "inputs": [5, 6]}]
+    finally:
+        worker.kill()
+        worker.wait(10)
