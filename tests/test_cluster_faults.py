@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -150,3 +151,35 @@ def test_a_slot_migrating_under_a_worker_is_waited_out(cluster: Cluster, redis_u
         app.close()
     assert w.returncode == 0, out
     assert "Traceback" not in out and "refused: their lease had moved" not in out, out
+
+
+def test_durable_enqueues_resume_after_a_cluster_failover(tmp_path: Path) -> None:
+    """3 masters with a replica each; the master of a durable producer's queue is SIGKILLed. Enqueues fail with
+    a ringfence error while the cluster fails over, then reach the promoted replica (no replica of its own
+    left: NotReplicated, the job queued there) without the dead node coming back."""
+    c = Cluster(tmp_path, replicas=1)
+    try:
+        app = App(c.url, f"t{uuid.uuid4().hex[:8]}", environment="test", replica_timeout_s=0.5)
+        durable = app.task(name="noop")(_noop).with_options(queue="qf", durable=True)
+        assert durable.with_options(job_id="j0").enqueue(n=0) == "j0"  # its replica confirmed it
+        slot = int(app.broker.sync.keyslot(app.broker.keys.queue("qf").pending))  # type: ignore[attr-defined]
+        master = owner_of(c.ports, slot)
+        c.kill(master)
+        deadline, refused, n = time.monotonic() + 30, Counter[str](), 0
+        while time.monotonic() < deadline:
+            n += 1
+            try:
+                durable.with_options(job_id=f"j{n}").enqueue(n=n)
+            except NotReplicated:
+                break
+            except RingfenceError as exc:
+                refused[type(exc).__name__] += 1
+                time.sleep(0.2)
+        else:
+            raise AssertionError(f"no durable enqueue reached the promoted replica within 30 s: {dict(refused)}")
+        live = list(c.procs)
+        assert owner_of(live, slot) != master and refused
+        assert app.broker.queued_ids(["j0", f"j{n}"]) == {"j0", f"j{n}"}
+        app.close()
+    finally:
+        c.stop()
