@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, text
 
 from installed import DEV_ONLY, build_wheel, fresh_venv, run, venv_env
 from ringfence.redis.embedded import free_port
-from support import SERVERS, database_answering, wait_until
+from support import ROOT, SERVERS, database_answering, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -225,3 +225,15 @@ def test_the_django_app_imports_migrates_and_runs_the_cli(wheel: Path, tmp_path:
     r = redis.Redis.from_url(redis_url)
     pending = [k for k in r.scan_iter(f"{ns}:*default*pending")]
     assert len(pending) == 1 and r.llen(pending[0]) == 1, enqueued.stdout
+
+
+def test_make_demo_installs_the_package_alone_and_make_test_the_dev_extra(tmp_path: Path) -> None:
+    """What a fresh clone's ``make demo`` and ``make test`` would run (``make -n``, a venv path not made yet). The
+    core venv above imports ``ringfence.demo`` with no extra."""
+    venv = tmp_path / "venv"
+    demo = run(["make", "-n", f"VENV={venv}", "demo"], cwd=ROOT).stdout.splitlines()
+    installs = [line for line in demo if " install " in line]
+    assert installs and not [line for line in installs if "[" in line], demo
+    assert installs[-1].endswith("install -q -e .") and demo[-1] == f"{venv}/bin/ringfence demo", demo
+    test = run(["make", "-n", f"VENV={venv}", "test"], cwd=ROOT).stdout
+    assert "install -q -e '.[dev]'" in test
