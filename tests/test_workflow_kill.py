@@ -110,3 +110,21 @@ def test_sigkill_around_a_steps_dead_letter_fails_the_workflow_once(wf: ModuleTy
     view = settled(wf, wid)
     assert [s.result for s in view.steps] == [1, 5, 15] and enqueued(wf) == 3
     assert runs(tmp_path, view.steps[2].job_id) == 1
+
+
+def test_workflows_of_one_business_id_charge_once(
+        wf: ModuleType, spawn_worker: Callable[..., WorkerProc]) -> None:
+    spawn(spawn_worker)
+    first = settled(wf, order(wf, 7))
+    again = settled(wf, order(wf, 7))  # the same business id: every fenced step is done already
+    assert [s.result for s in again.steps] == [s.result for s in first.steps]
+    assert wf.provider().effects == 2
+    unnamed = ringfence.chain(wf.charge.s(amount=5)).enqueue()  # no business id: ctx.fence() has no subject
+    view = settled(wf, unnamed, "failed")
+    assert view.steps[0].failure["dead"] == "permanent"
+    assert "ctx.fence() needs a subject and a step" in view.steps[0].failure["error"]
+    assert wf.provider().effects == 2
+    both = [order(wf, 8), order(wf, 8)]  # at once: one waits while the other holds the fence (FenceBusy)
+    a, b = (settled(wf, w) for w in both)
+    assert [s.result for s in a.steps] == [s.result for s in b.steps]
+    assert wf.provider().effects == 4
