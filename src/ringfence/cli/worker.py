@@ -34,10 +34,15 @@ from ringfence.settings import DEFAULT_THREADS, check_threads
 @click.option("--summary-s", type=float, default=10.0, show_default=True,
               help="seconds between INFO summary lines (per task and queue: jobs done, retried, dead, requeued); "
                    "0: none")
+@click.option("--max-jobs-per-child", default=None, metavar="N",
+              help="replace a worker process once it ran N jobs (it stops fetching and finishes its running jobs)")
+@click.option("--max-memory-mb", default=None, metavar="M",
+              help="replace a worker process once its resident memory, checked after each job, passes M MB")
 def worker(app: App, queues: str | None, concurrency: int, processes: int, threads: int | None, strict: bool,
            max_wait: str | None, scheduler: bool, metrics_port: int | None, metrics_host: str, alerts: bool,
-           summary_s: float) -> None:
+           summary_s: float, max_jobs_per_child: str | None, max_memory_mb: str | None) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal exits at once)."""
+    from ringfence.worker.recycle import Limits
     from ringfence.worker.summary import check_summary_s
     from ringfence.worker.supervisor import supervise
     from ringfence.worker.worker import parse_max_wait, parse_queues, run_worker
@@ -47,6 +52,7 @@ def worker(app: App, queues: str | None, concurrency: int, processes: int, threa
     check_summary_s(summary_s)  # said once, before any child starts
     check_threads(threads, concurrency)  # said once, before any child starts
     check_port("--metrics-port", metrics_port)
+    recycle = Limits.parse(max_jobs_per_child, max_memory_mb)  # said once, before any child starts
     parsed = parse_queues(queues) if queues else None
     if processes > 1:
         app.check()  # refuse a bad configuration before starting anything
@@ -55,7 +61,7 @@ def worker(app: App, queues: str | None, concurrency: int, processes: int, threa
     sys.exit(run_worker(app, parsed, concurrency=concurrency, strict=strict,
                         max_wait=parse_max_wait(max_wait) if max_wait else None, scheduler=scheduler,
                         metrics_port=metrics_port, alerts=alerts, metrics_host=metrics_host, threads=threads,
-                        summary_s=summary_s))
+                        summary_s=summary_s, recycle=recycle))
 
 
 def child_command(ctx: click.Context, slot: int) -> list[str]:

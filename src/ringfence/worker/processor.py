@@ -75,7 +75,7 @@ class Processor:
                 if free <= 0 or (free < self._refill and self.running):
                     await self._wait_slots(free)
                     free = self._free()
-                if free > 0:
+                if free > 0 and not self.stopping.is_set():  # a stop may have come during the wait
                     await self.fetcher.cycle(free, self._start)
                 backoff = 0.1
             except Exception as exc:

@@ -5,8 +5,10 @@ A child is *started* once it has told the supervisor it serves (through a pipe, 
 exponentially; after ``give_up_after`` of them in a row the supervisor stops the others and exits 1, naming
 the reason in one line.
 A child that exits with ``EXIT_RESTART`` (a sync job outlived its timeout) asked to be replaced: it is
-restarted after ``base_s`` and never counts as a failed start. A worker with no supervisor replaces itself
-(``replace_process``: the same command executed again in the same process)."""
+restarted after ``base_s`` and never counts as a failed start. A child that says it is recycling (``RECYCLING``
+on the pipe: past ``--max-jobs-per-child`` or ``--max-memory-mb``) is replaced at once, while it finishes its
+running jobs. A worker with no supervisor replaces itself (``replace_process``: the same command executed again
+in the same process)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ log = logging.getLogger("ringfence.supervisor")
 
 EXIT_RESTART = 75  # the worker's "replace me" exit code (see worker.py)
 READY_ENV = "RINGFENCE_SUPERVISOR_FD"  # a supervised worker writes one byte there once it serves
+READY, RECYCLING = b"1", b"r"  # what a child writes on that pipe
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
@@ -48,6 +51,7 @@ class Slot:
     ready_at: float | None = None  # when the child said it serves
     proven: bool = False  # served for start_window_s: its start succeeded
     restart_at: float | None = None  # monotonic time of the planned restart
+    retiring: list[subprocess.Popen[bytes]] = field(default_factory=list)  # replaced, finishing their jobs
 
 
 @dataclass
@@ -73,10 +77,13 @@ class Supervisor:
     def on_signal(self, signum: int, _frame: object) -> None:
         first = not self.stopping
         self.stopping = True
-        for slot in self.slots:
-            if slot.proc is not None and slot.proc.poll() is None:
+        for proc in self.children():
+            if proc.poll() is None:
                 # First signal: a graceful stop; a second one is passed on (children then exit at once).
-                slot.proc.send_signal(signal.SIGTERM if first else signum)
+                proc.send_signal(signal.SIGTERM if first else signum)
+
+    def children(self) -> list[subprocess.Popen[bytes]]:
+        return [p for s in self.slots for p in [*s.retiring, s.proc] if p is not None]
 
     def reap(self, slot: Slot) -> str | None:
         """Handle a child that exited; returns the reason to give up, if any."""
@@ -115,6 +122,9 @@ class Supervisor:
     def step(self) -> str | None:
         now = time.monotonic()
         for slot in self.slots:
+            self.reap_retired(slot)
+            if slot.restart_at is None:
+                self.read_pipe(slot, now)
             if slot.restart_at is not None:
                 if now >= slot.restart_at and not self.stopping:
                     self.spawn(slot)
@@ -123,21 +133,35 @@ class Supervisor:
                 reason = self.reap(slot)
                 if reason is not None:
                     return reason
-            elif not slot.proven:
-                self.check_ready(slot, now)
+            elif not slot.proven and slot.ready_at is not None and now - slot.ready_at >= self.backoff.start_window_s:
+                slot.proven = True
+                self.failed_starts = 0  # a child that started resets the count
         return None
 
-    def check_ready(self, slot: Slot, now: float) -> None:
-        if slot.ready_at is None and slot.ready_fd is not None:
-            try:
-                if os.read(slot.ready_fd, 1):
-                    slot.ready_at = now
-            except BlockingIOError:
-                return
-        if slot.ready_at is not None and now - slot.ready_at >= self.backoff.start_window_s:
-            slot.proven = True
-            self.failed_starts = 0  # a child that started resets the count
+    def read_pipe(self, slot: Slot, now: float) -> None:
+        """What the child said: READY once it serves, RECYCLING once it stops fetching to be replaced."""
+        if slot.ready_fd is None:
+            return
+        try:
+            said = os.read(slot.ready_fd, 16)
+        except BlockingIOError:
+            return
+        if not said:  # the child closed it (exiting)
             self.close_pipe(slot)
+        if READY in said and slot.ready_at is None:
+            slot.ready_at = now
+        if RECYCLING in said and slot.proc is not None and not self.stopping:
+            log.info("supervisor: worker %d (pid %d) is recycling; starting its replacement", slot.index,
+                     slot.proc.pid)
+            self.close_pipe(slot)
+            slot.retiring.append(slot.proc)
+            self.spawn(slot)
+
+    @staticmethod
+    def reap_retired(slot: Slot) -> None:
+        for proc in [p for p in slot.retiring if p.poll() is not None]:
+            slot.retiring.remove(proc)
+            log.info("supervisor: recycled worker (pid %d) exited with %d", proc.pid, proc.returncode)
 
     @staticmethod
     def close_pipe(slot: Slot) -> None:
@@ -148,6 +172,8 @@ class Supervisor:
     def wait_all(self) -> int:
         """Wait for every child; the exit code is the first non-zero one among them (0 when all stopped cleanly)."""
         codes = [slot.proc.wait() for slot in self.slots if slot.proc is not None and slot.restart_at is None]
+        for proc in [p for slot in self.slots for p in slot.retiring]:
+            proc.wait()  # replaced already: its exit code is not the supervisor's
         bad = [c for c in codes if c != 0]
         return exit_status(bad[0]) if bad else 0
 
@@ -161,15 +187,29 @@ def _stop_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+_pipe: list[int] = []  # this supervised worker's end of the pipe, kept to say RECYCLING
+
+
 def notify_supervisor() -> None:
     """In a supervised worker: tell the supervisor this process serves (no-op when not supervised)."""
     fd = os.environ.pop(READY_ENV, None)
     if fd is not None:
-        try:
-            os.write(int(fd), b"1")
-            os.close(int(fd))
-        except OSError:
-            pass  # the supervisor is gone; it stops us anyway
+        os.set_inheritable(int(fd), False)  # a handler's own child processes do not hold it open
+        _pipe.append(int(fd))
+        _tell(READY)
+
+
+def notify_recycling() -> bool:
+    """In a supervised worker: ask for its replacement now (it finishes its running jobs meanwhile). False: not
+    supervised, or the supervisor did not hear it."""
+    return _tell(RECYCLING)
+
+
+def _tell(what: bytes) -> bool:
+    try:
+        return bool(_pipe) and os.write(_pipe[0], what) == len(what)
+    except OSError:
+        return False  # the supervisor is gone; it stops us anyway
 
 
 def supervised() -> bool:

@@ -34,11 +34,13 @@ from ringfence.worker.observers.failed_jobs import FailedJobsObserver
 from ringfence.worker.observers.hooks import DeadHooksObserver
 from ringfence.worker.observers.metrics import MetricsObserver
 from ringfence.worker.processor import Processor
+from ringfence.worker.recycle import NO_LIMITS, Limits, Recycler
 from ringfence.worker.runner import Runner
 from ringfence.worker.settle import Settler
 from ringfence.worker.summary import DEFAULT_SUMMARY_S, Summary, check_summary_s
 from ringfence.worker.supervisor import (
     hold_stop_signals,
+    notify_recycling,
     notify_supervisor,
     release_stop_signals,
     replace_process,
@@ -75,7 +77,7 @@ class Worker:
                  strict: bool = False, settings: WorkerSettings | None = None,
                  max_wait: dict[str, float] | None = None, scheduler: bool = False,
                  metrics_port: int | None = None, alerts: bool = True, metrics_host: str = "127.0.0.1",
-                 threads: int | None = None, summary_s: float = DEFAULT_SUMMARY_S) -> None:
+                 threads: int | None = None, summary_s: float = DEFAULT_SUMMARY_S, recycle: Limits = NO_LIMITS) -> None:
         if concurrency < 1:
             raise ConfigError(f"--concurrency {concurrency} must be >= 1")
         self.threads = check_threads(threads, concurrency)
@@ -99,6 +101,8 @@ class Worker:
         self.alerts = alerts
         self.summary_s = check_summary_s(summary_s)
         self.metrics = Metrics()
+        self.recycle = recycle.check()
+        self.recycling = False
         self.processor = self._pipeline(max_wait)
         self._signals = 0
 
@@ -111,6 +115,8 @@ class Worker:
         if rt.fence_url:  # the failed-jobs table (opened on first use)
             watchers.append(FailedJobsObserver(rt, broker))
         watchers += [DeadHooksObserver(app.dead_hooks), UnreadableAlerts(rt.notifier, s.grace_s)]
+        if self.recycle:
+            watchers.append(Recycler(self.recycle, self._recycle))
         observers = Observers(watchers)
         pool = SyncRunner(self.concurrency, first_threads=self.threads)
         acks = Acks(broker, batch=max(1, self.concurrency // 2))  # the processor's refill batch
@@ -127,6 +133,23 @@ class Worker:
         if not self._signals:  # a stop asked for is a stop, not a replacement
             self.exit_code = EXIT_RESTART
         self.processor.stopping.set()
+
+    def _recycle(self, reason: str) -> None:
+        """Past a recycling limit: no new jobs; the running ones finish, then the process is replaced (at once by a
+        supervisor that heard it, else as a sync job's timeout has it replaced)."""
+        if self._signals or self.processor.stopping.is_set():
+            return
+        self.recycling = True
+        self.exit_code = EXIT_RESTART
+        told = notify_recycling()
+        log.info("recycling: %s; no new jobs, %d running to finish, then %s", reason, len(self.processor.running),
+                 "the supervisor's replacement serves" if told else "this process is replaced")
+        self.processor.stopping.set()
+
+    async def _finish_running(self) -> None:
+        """A recycling worker's running jobs end as they would (their own timeouts), ``ctx.cancelled`` not set."""
+        while self.recycling and self.processor.running and not self._signals:
+            await asyncio.sleep(0.02)
 
     def request_stop(self) -> None:
         self._signals += 1
@@ -203,7 +226,7 @@ class Worker:
     def _live(self) -> dict[str, Any]:
         p = self.processor
         return {"running": sorted(p.running), "processed": p.processed, "failed": p.failed,
-                "duration_p95_s": self.metrics.duration_p95()}
+                "duration_p95_s": self.metrics.duration_p95(), "task_stats": self.metrics.task_stats()}
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -254,6 +277,7 @@ class Worker:
                  " (no --queues: the queues its tasks declare)" if self.queues_from_tasks else "", self.concurrency)
         try:
             await self.processor.run()
+            await self._finish_running()
             await self.processor.drain(s.shutdown_timeout_s)
         finally:
             if http is not None:
@@ -317,10 +341,10 @@ def _ignore_stop_signals() -> None:
 def run_worker(app: App, queues: list[tuple[str, int]] | None = None, *, concurrency: int = 10,
                strict: bool = False, max_wait: dict[str, float] | None = None, scheduler: bool = False,
                metrics_port: int | None = None, alerts: bool = True, metrics_host: str = "127.0.0.1",
-               threads: int | None = None, summary_s: float = DEFAULT_SUMMARY_S) -> int:
+               threads: int | None = None, summary_s: float = DEFAULT_SUMMARY_S, recycle: Limits = NO_LIMITS) -> int:
     worker = Worker(app, queues, concurrency=concurrency, strict=strict, max_wait=max_wait, scheduler=scheduler,
                     metrics_port=metrics_port, alerts=alerts, metrics_host=metrics_host, threads=threads,
-                    summary_s=summary_s)
+                    summary_s=summary_s, recycle=recycle)
     alone = not supervised()
     code = run_loop(worker.run())
     # The loop gave the signals back to their defaults: a second signal during the rest of the exit (threads,
