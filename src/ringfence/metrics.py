@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+import time
 from bisect import bisect_left
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -115,6 +116,7 @@ class Metrics:
         self._recent: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=200))
         self._tallies: dict[tuple[str, str], _Tally] = {}
         self._outcomes: dict[tuple[str, str, str], Any] = {}  # the finished counter's child per outcome
+        self._minutes = _Minutes()
 
     def _tally(self, task: str, queue: str) -> _Tally:
         """(under ``_lock``) Its counters' children are made at the first observation, as ``inc`` would: their
@@ -191,6 +193,17 @@ class Metrics:
             recent = {task: sorted(d) for task, d in self._recent.items() if d}
         return {task: round(d[min(len(d) - 1, int(len(d) * 0.95))], 3) for task, d in recent.items()}
 
+    def task_stats(self, now_s: float | None = None) -> list[dict[str, Any]]:
+        """Per (task, queue): attempts finished and failed since this worker started, their run times as counts
+        per ``DURATION_BUCKETS`` bound (+Inf last), and the same per minute of the last hour (``minutes``:
+        [minute, finished, failed, [[bucket, count], ...]]). For the heartbeat's server info, which the dashboard
+        sums over the live workers. Read from the tallies kept for /metrics: nothing more is done per job."""
+        failed = {(s.labels["task"], s.labels["queue"]): int(s.value)  # counts the held observations first
+                  for family in self.failed.collect() for s in family.samples if s.name.endswith("_total")}
+        with self._lock:
+            now = {key: (failed.get(key, 0), tuple(t.duration)) for key, t in self._tallies.items()}
+        return self._minutes.update(now, int((time.time() if now_s is None else now_s) // 60))
+
     # -- exposition -------------------------------------------------------------------------------
     def add_queue_gauges(self, broker: Broker) -> None:
         """Also expose the namespace's queue gauges, read from Redis at each scrape."""
@@ -204,6 +217,36 @@ class Metrics:
         """Serve ``/metrics`` on ``addr:port`` from a daemon thread; returns the server (``.shutdown()``)."""
         server, _thread = start_http_server(port, addr, registry=self.registry)
         return server
+
+
+_Snapshot = dict[tuple[str, str], tuple[int, tuple[int, ...]]]  # (task, queue) -> failed, duration counts
+
+
+class _Minutes:
+    """The tallies as they were at the first read of each of the last 61 minutes: a minute's attempts are the
+    difference between its mark and the next one (bounded: 61 snapshots of the tallies)."""
+
+    def __init__(self) -> None:
+        self.marks: deque[tuple[int, _Snapshot]] = deque(maxlen=61)
+
+    def update(self, now: _Snapshot, minute: int) -> list[dict[str, Any]]:
+        if not self.marks:
+            self.marks.append((minute, {}))  # the worker's start: its attempts so far belong to this minute
+        elif self.marks[-1][0] < minute:
+            self.marks.append((minute, now))
+        marks = [*self.marks, (minute + 1, now)]
+        out = []
+        for (task, queue), (failed, counts) in sorted(now.items()):
+            minutes = []
+            for (m, before), (_, after) in itertools.pairwise(marks):
+                f0, c0 = before.get((task, queue), (0, (0,) * len(counts)))
+                f1, c1 = after.get((task, queue), (f0, c0))
+                runs = [[i, b - a] for i, (a, b) in enumerate(zip(c0, c1, strict=True)) if b != a]
+                if runs:
+                    minutes.append([m, sum(n for _, n in runs), f1 - f0, runs])
+            out.append({"task": task, "queue": queue, "finished": sum(counts), "failed": failed,
+                        "buckets": list(counts), "minutes": minutes})
+        return out
 
 
 class _HistogramCollector(Collector):

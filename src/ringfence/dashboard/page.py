@@ -32,6 +32,7 @@ class Dashboard:
                                autoescape=select_autoescape(["html"]))
         self.env.filters["redact"] = self.redact
         self.env.filters["ago"] = _ago
+        self.env.filters["secs"] = _secs
         self.env.filters["q"] = lambda v: quote(str(v), safe="")  # one URL path segment or query value
         self._flash_key = secrets.token_bytes(32)
 
@@ -61,6 +62,15 @@ class Dashboard:
         if CSRF_COOKIE not in request.cookies:
             resp.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict", path=base or "/")
         return resp
+
+
+def _secs(s: float | None) -> str:
+    """A run time, readable: 12 ms, 1.25 s, 3.5 min; "-" for none."""
+    if s is None:
+        return "-"
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    return f"{s:.2f} s" if s < 120 else f"{s / 60:.1f} min"
 
 
 def _ago(ms: float, now_ms: float) -> str:

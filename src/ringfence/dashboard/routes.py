@@ -66,6 +66,12 @@ def build(app: App, *, read_only: bool, token: str | None, authorize: Any, redac
         return d.render(request, "fences.html", page="fences", replay=dead if dead and dead.state == "dead" else None,
                         **views.fences(app))
 
+    def task(request: Request) -> Response:
+        queue, name = request.path_params["queue"], request.path_params["task"]
+        found = views.task_page(app, queue, name)
+        return d.render(request, "task.html", page="overview", queue=queue, task=name, found=found,
+                        status=200 if found else 404)
+
     def doctor(request: Request) -> Response:
         return d.render(request, "doctor.html", page="doctor", findings=d.doctor.findings(app))
 
@@ -79,7 +85,7 @@ def build(app: App, *, read_only: bool, token: str | None, authorize: Any, redac
     routes = [
         Route("/", overview), Route("/servers", servers), Route("/jobs", job),
         Route("/queues/{queue}/{state}", browse), Route("/fences", fences), Route("/doctor", doctor),
-        Route("/fences/reconcile", reconcile),
+        Route("/fences/reconcile", reconcile), Route("/tasks/{queue}/{task}", task),
         *actions.routes(d), Mount("/static", static, name="static"),
     ]
     def bad_input(request: Request, exc: Exception) -> Response:

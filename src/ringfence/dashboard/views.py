@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ringfence.dashboard.charts import buckets, line_chart
+from ringfence.dashboard.tasks import history, task_rows
 from ringfence.inspect import queue_gauges
 
 if TYPE_CHECKING:
@@ -45,7 +46,23 @@ def overview(app: App) -> dict[str, Any]:
         charts.append(line_chart(f"Latency, {label} (oldest pending, worst queue, s)",
                                  [("latency", [round(v / 1000, 1) for v in lat], "s-lat")], left, unit="s",
                                  totals=False))
-    return {"queues": rows, "charts": charts, "environment": broker.environment()}
+    return {"queues": rows, "charts": charts, "environment": broker.environment(),
+            "tasks": task_rows(broker.servers())}
+
+
+def task_page(app: App, queue: str, task: str) -> dict[str, Any] | None:
+    """One task type in one queue: its row of the overview and its last hour per minute (None: no live worker
+    has run it)."""
+    row = next((r for r in task_rows(app.broker.servers()) if r["queue"] == queue and r["task"] == task), None)
+    if row is None:
+        return None
+    h = history(row, app.broker.clock() // 60_000)
+    charts = [line_chart("Attempts finished, last hour (per minute)", [("finished", h["finished"], "s-ok")],
+                         "-60 min"),
+              line_chart("Failed attempts, last hour (per minute)", [("failed", h["failed"], "s-bad")], "-60 min"),
+              line_chart("Run time p95, last hour (per minute, s)", [("p95", h["p95"], "s-lat")], "-60 min",
+                         unit="s", totals=False)]
+    return {"row": row, "charts": charts}
 
 
 def servers(app: App) -> list[dict[str, Any]]:

@@ -1,0 +1,25 @@
+"""The app of tests/test_dashboard_tasks.py: task types with known run times and outcomes, run by real workers."""
+
+from __future__ import annotations
+
+import time
+
+from ringfence import Permanent, RetryPolicy
+from support import worker_app
+
+app = worker_app(retry=RetryPolicy(max_attempts=1))
+
+
+@app.task(name="quick")
+def quick(ctx, n: int) -> None:
+    return None
+
+
+@app.task(name="slow")
+def slow(ctx, n: int) -> None:
+    time.sleep(0.3)
+
+
+@app.task(name="broken")
+def broken(ctx, n: int) -> None:
+    raise Permanent(f"no provider for {n}")
