@@ -95,9 +95,11 @@ class Producer(threading.Thread):
 def start_workers(url: str, ns: str, queues: list[str], appdir: Path, n: int) -> list[subprocess.Popen[bytes]]:
     env = {**os.environ, "RINGFENCE_REDIS_URL": url, "RINGFENCE_NAMESPACE": ns, "BENCH_RECORD_URL": RECORD,
            "PYTHONPATH": f"{appdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    logs = os.environ.get("BENCH_LOGS")  # a folder for the workers' output
     return [subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", "paceapp:app", "--queues",
-                              ",".join(queues), "--concurrency", "50"], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL) for _ in range(n)]
+                              ",".join(queues), "--concurrency", "50"], env=env, stderr=subprocess.STDOUT,
+                             stdout=open(f"{logs}/{ns}-{i}.log", "w") if logs else subprocess.DEVNULL)
+            for i in range(n)]
 
 
 def ready(app: App, n: int) -> None:

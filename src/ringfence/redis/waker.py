@@ -208,15 +208,23 @@ class Waker:
 
     async def _forget_finished(self) -> None:
         taken = list(self.taken.items())
-        if taken:
-            async with self.broker.aio.pipeline(transaction=False) as p:
-                for _, (queue, job_id) in taken:
-                    p.hget(self.broker.keys.queue(queue).lease, job_id)
-                holders = await p.execute()
-            for (token, entry), holder in zip(taken, holders, strict=True):
-                if holder != token.encode() and self.taken.get(token) is entry:
-                    del self.taken[token]
+        if self.broker.cluster:  # one pipeline per queue: a dead node's jobs stay remembered, the others pruned
+            by_queue: dict[str, list[tuple[str, tuple[str, str]]]] = {}
+            for item in taken:
+                by_queue.setdefault(item[1][0], []).append(item)
+            await asyncio.gather(*(self._forget(items) for items in by_queue.values()), return_exceptions=True)
+        elif taken:
+            await self._forget(taken)
         self._prune_at = max(PRUNE_AT, 2 * len(self.taken))
+
+    async def _forget(self, taken: list[tuple[str, tuple[str, str]]]) -> None:
+        async with self.broker.aio.pipeline(transaction=False) as p:
+            for _, (queue, job_id) in taken:
+                p.hget(self.broker.keys.queue(queue).lease, job_id)
+            holders = await p.execute()
+        for (token, entry), holder in zip(taken, holders, strict=True):
+            if holder != token.encode() and self.taken.get(token) is entry:
+                del self.taken[token]
 
     async def restart(self) -> None:
         """Subscribe again after a lost connection (errors are left for the next cycle to report). On a Cluster

@@ -1,0 +1,160 @@
+"""A Redis Cluster with real worker processes: a wake-up reaches an idle worker at once; while one master is down
+(SIGKILL, until its replica takes over) the queues of the other masters keep their pace and lose no job; the
+doctor names the topology (a node down, a master without replica, slots not served) instead of failing whole."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from ringfence import App, RingfenceError
+from support import ROOT
+from topology import HAVE_REDIS, Cluster
+
+pytestmark = [pytest.mark.topology,
+              pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server and redis-cli")]
+
+
+def _stamp(ctx: object, n: int) -> None:
+    pass
+
+
+def _env(url: str, ns: str, record_url: str) -> dict[str, str]:
+    return {**os.environ, "RINGFENCE_REDIS_URL": url, "RINGFENCE_NAMESPACE": ns, "TEST_RECORD_URL": record_url,
+            "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+@pytest.fixture
+def started(redis_url: str) -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+
+
+def _worker(procs: list[subprocess.Popen[bytes]], url: str, ns: str, record_url: str, queues: list[str]) -> None:
+    procs.append(subprocess.Popen(
+        [sys.executable, "-m", "ringfence.cli", "worker", "--app", "clusterpaceapp:app", "--queues", ",".join(queues),
+         "--concurrency", "20"], env=_env(url, ns, record_url), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True))
+
+
+def _idle(app: App, workers: int) -> None:
+    deadline = time.monotonic() + 60
+    while len(app.broker.servers()) < workers:
+        assert time.monotonic() < deadline, "the workers did not register"
+        time.sleep(0.2)
+    time.sleep(1.0)  # past their first fetch: idle, waiting for a wake-up
+
+
+def _starts(rdb: redis.Redis, ns: str) -> list[tuple[str, str, int, float]]:
+    out = []
+    for row in rdb.lrange(f"{ns}:test:runs", 0, -1):
+        job_id, queue, attempt, at = row.decode().split()
+        out.append((job_id, queue, int(attempt), float(at)))
+    return out
+
+
+def _queue_per_master(app: App) -> dict[str, str]:
+    """Master address -> one queue whose keys it owns."""
+    found: dict[str, str] = {}
+    for i in range(1000):
+        node = app.broker.sync.get_node_from_key(app.broker.keys.queue(f"q{i}").pending).name  # type: ignore[attr-defined]
+        found.setdefault(node, f"q{i}")
+    return found
+
+
+def _enqueue_when_served(bound: Any) -> str:
+    deadline = time.monotonic() + 40
+    while True:
+        try:
+            return str(bound.enqueue(n=-1))
+        except RingfenceError:
+            assert time.monotonic() < deadline, "the replica did not take over"
+            time.sleep(0.5)
+
+
+def test_an_idle_worker_starts_a_job_at_once(tmp_path: Path, redis_url: str,
+                                             started: list[subprocess.Popen[bytes]]) -> None:
+    """Jobs enqueued one at a time (an explicit job_id: a wake-up then a fetch; a plain enqueue: the job leased in
+    the wake message) on queues of three masters start within milliseconds, not at the next poll of each node."""
+    cluster = Cluster(tmp_path)
+    try:
+        ns = f"pick{uuid.uuid4().hex[:6]}"
+        app = App(cluster.url, ns)
+        task = app.task(name="stamp")(_stamp)
+        queues = sorted(_queue_per_master(app).values())
+        _worker(started, cluster.url, ns, redis_url, queues)
+        _idle(app, 1)
+        acked: dict[str, float] = {}
+        for n in range(30):
+            bound = task.with_options(queue=queues[n % 3], **({"job_id": f"j{n}"} if n % 2 else {}))
+            acked[bound.enqueue(n=n)] = time.time()
+            time.sleep(0.1)
+        rdb = redis.Redis.from_url(redis_url)
+        deadline = time.monotonic() + 30
+        while len(_starts(rdb, ns)) < 30 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        lat = sorted((at - acked[job_id]) * 1000 for job_id, _, _, at in _starts(rdb, ns))
+        assert len(lat) == 30
+        assert lat[len(lat) // 2] < 100, f"median pick-up {lat[len(lat) // 2]:.0f} ms: {[round(x) for x in lat]}"
+        app.close()
+    finally:
+        cluster.stop()
+
+
+def test_healthy_masters_keep_their_pace_while_one_fails_over(tmp_path: Path, redis_url: str,
+                                                            started: list[subprocess.Popen[bytes]]) -> None:
+    """A master is SIGKILLed; until its replica takes over (node timeout 5 s), jobs enqueued every 0.1 s on the
+    queues of the two other masters each start within 1.5 s, once, as attempt 1; the dead master's queue is served
+    again after the failover."""
+    cluster = Cluster(tmp_path, replicas=1, node_timeout_ms=5000)
+    try:
+        ns = f"pace{uuid.uuid4().hex[:6]}"
+        app = App(cluster.url, ns)
+        task = app.task(name="stamp")(_stamp)
+        by_master = _queue_per_master(app)
+        # the master of the namespace keys (server registry, queue set) too: the hardest one to lose
+        victim = app.broker.sync.get_node_from_key(app.broker.keys.queues).name  # type: ignore[attr-defined]
+        dead_q = by_master[victim]
+        healthy = [q for m, q in sorted(by_master.items()) if m != victim]
+        _worker(started, cluster.url, ns, redis_url, [dead_q, *healthy])  # the dead master's queue first
+        for q in healthy:  # this producer registers its queues (a namespace key) before the kill
+            task.with_options(queue=q).enqueue(n=0)
+        _idle(app, 1)
+        cluster.kill(int(victim.rsplit(":", 1)[1]))
+        killed = time.monotonic()
+        acked: dict[str, float] = {}
+        n = 0
+        while time.monotonic() - killed < 6.0:  # the failover window (node timeout 5 s)
+            acked[task.with_options(queue=healthy[n % 2]).enqueue(n=n)] = time.time()
+            n += 1
+            time.sleep(0.1)
+        dead_job = _enqueue_when_served(task.with_options(queue=dead_q))  # the failed-over master takes it
+        rdb = redis.Redis.from_url(redis_url)
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and not {*acked, dead_job} <= {r[0] for r in _starts(rdb, ns)}:
+            time.sleep(0.2)
+        time.sleep(7.0)  # a lease (6 s) more: an orphaned healthy job would run again as attempt 2
+        runs = _starts(rdb, ns)
+        healthy_runs = [r for r in runs if r[0] in acked]
+        late = {job_id: round(at - acked[job_id], 2) for job_id, _, _, at in healthy_runs if at - acked[job_id] > 1.5}
+        assert late == {}, f"{len(late)} of {len(acked)} healthy jobs started more than 1.5 s late: {late}"
+        assert sorted(r[0] for r in healthy_runs) == sorted(acked), "each healthy job runs once"
+        assert {r[2] for r in healthy_runs} == {1}
+        assert dead_job in {r[0] for r in runs}
+        app.close()
+    finally:
+        cluster.stop()
