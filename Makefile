@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-topology lint bench bench-peers chaos clean
+.PHONY: setup demo test test-floor test-topology lint bench bench-peers chaos clean
 
 # The dev extra for tests and tools; the demo needs the package alone (embedded Redis, SQLite), so a fresh
 # clone's `make demo` installs only that, and a later `make test` adds the dev extra to the same venv.
@@ -30,6 +30,24 @@ test: setup
 	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The core, worker, fence (PostgreSQL, MariaDB, SQLite) and outbox tests again, on the lowest versions pyproject.toml
+# allows (.ci/floors.txt), in a second venv. About 4 minutes.
+FLOOR := .venv-floor
+FLOOR_TOOLS := pytest pytest-asyncio pytest-timeout hypothesis aiosqlite aiomysql greenlet
+FLOOR_TESTS := tests/test_app.py tests/test_broker.py tests/test_enqueue_ready.py tests/test_worker.py \
+	tests/test_fenced_jobs.py tests/fence/test_fence_protocol.py tests/fence/test_fence_completion.py \
+	tests/test_outbox_write.py tests/test_outbox_relay.py tests/test_metrics.py tests/test_metrics_collected.py
+
+$(FLOOR)/.floors: pyproject.toml .ci/floors.txt
+	rm -rf $(FLOOR)
+	$(PY) -m venv $(FLOOR)
+	$(FLOOR)/bin/pip install -q --upgrade pip
+	$(FLOOR)/bin/pip install -q --constraint .ci/floors.txt -e '.[postgres,mysql]' $(FLOOR_TOOLS)
+	@cp .ci/floors.txt $@
+
+test-floor: $(FLOOR)/.floors
+	$(FLOOR)/bin/python -m pytest -p no:cacheprovider $(FLOOR_TESTS) $(PYTEST_ARGS)
+
 # Redis Cluster (3 masters) and Sentinel (1 master, 1 replica, 3 sentinels) as private redis-server processes.
 test-topology: setup
 	$(BIN)/python -m pytest -m topology $(PYTEST_ARGS)
@@ -52,4 +70,4 @@ bench-peers:
 	$(PY) -m bench.peers $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) bench/peers/.venvs build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(FLOOR) bench/peers/.venvs build dist .pytest_cache .mypy_cache .ruff_cache

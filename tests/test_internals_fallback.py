@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import redis
 import redis.asyncio as aioredis
-from redis.cache import CacheConfig
 from sqlalchemy import insert, select
 
 from ringfence import App
@@ -71,7 +70,8 @@ def _child_env(tmp_path: Path, hidden: str) -> dict[str, str]:
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(HIDE)
-    return {**os.environ, "RINGFENCE_TEST_HIDE": hidden, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join([str(site), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "RINGFENCE_TEST_HIDE": hidden, "PYTHONPATH": path}
 
 
 ENQUEUE = """
@@ -93,7 +93,7 @@ def test_with_an_internal_hidden_a_fenced_job_runs_once_on_the_public_path(pg_fe
     out = json.loads(producer.stdout)
     assert out["direct"] is direct
     if not direct:
-        assert producer.stderr.count(named) == 1, producer.stderr  # one line, though every enqueue asks
+        assert producer.stderr.count(named) == 1, producer.stderr
     worker = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", "fenceapp:app"], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -115,6 +115,7 @@ def test_with_an_internal_hidden_a_fenced_job_runs_once_on_the_public_path(pg_fe
 def test_a_client_side_caching_pool_keeps_redis_py_s_path(redis_url, namespace) -> None:
     """Its connections are proxies that must see every command (they hold no socket of their own). Only the choice
     is checked: redis-py serves client-side caching from Redis 7.4, newer than the server here."""
+    CacheConfig = pytest.importorskip("redis.cache", reason="redis-py without client-side caching").CacheConfig
     clients = RedisClients(sync=lambda: redis.Redis.from_url(redis_url, protocol=3, cache_config=CacheConfig()),
                            aio=lambda: aioredis.Redis.from_url(redis_url))  # no client-side cache in asyncio
     app = App(namespace=namespace, redis_clients=clients)

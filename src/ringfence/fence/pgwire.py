@@ -37,7 +37,7 @@ except ImportError as exc:
 else:
     _PGCONN = ("enter_pipeline_mode", "exit_pipeline_mode", "send_prepare", "send_query_prepared", "pipeline_sync",
                "exec_prepared", "flush", "consume_input", "is_busy", "get_result", "parameter_status", "socket",
-               "pipeline_status", "get_error_message", "status")
+               "pipeline_status", "error_message", "status")
     _absent = [f"PGconn.{a}" for a in _PGCONN if not hasattr(pq.PGconn, a)]
     _absent += [f"Transformer.{a}" for a in ("set_pgresult", "load_rows") if not hasattr(Transformer, a)]
     _absent += [f"pq.{a}" for a in ("version", "ExecStatus", "PipelineStatus", "ConnStatus") if not hasattr(pq, a)]
@@ -177,7 +177,7 @@ class Wire:
         if res.status in _OK:
             return res
         if pg.status != pq.ConnStatus.OK:  # the socket is gone: libpq's words, as consume_input raises them
-            raise errors.OperationalError(pg.get_error_message(encoding="utf-8") or "the connection is lost")
+            raise errors.OperationalError(_error_text(pg) or "the connection is lost")
         raise errors.error_from_result(res, encoding="utf-8")
 
     def run(self, gen: Generator[int, None, Any]) -> Any:
@@ -257,6 +257,12 @@ class Wire:
             return bool(self.pg.pipeline_status == pq.PipelineStatus.OFF)
         except Exception:  # a closed connection
             return False
+
+
+def _error_text(pg: Any) -> str:
+    """libpq's last error message (psycopg < 3.2 has only the bytes)."""
+    text = getattr(pg, "get_error_message", None)
+    return str(text(encoding="utf-8")) if text is not None else bytes(pg.error_message).decode("utf-8", "replace")
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
