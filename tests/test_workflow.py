@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -22,25 +25,56 @@ from ringfence import ConfigError
 from support import ROOT, WorkerProc, wait_until
 
 
+def load(namespace: str, redis_url: str, directory: Path, mp: pytest.MonkeyPatch) -> ModuleType:
+    """tests/workflowapp.py imported on ``namespace``, its runs recorded under ``directory``."""
+    mp.setenv("RINGFENCE_NAMESPACE", namespace)
+    mp.setenv("RINGFENCE_REDIS_URL", redis_url)
+    mp.setenv("WF_DIR", str(directory))
+    sys.modules.pop("workflowapp", None)
+    return importlib.import_module("workflowapp")
+
+
 @pytest.fixture
 def wf(namespace: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    """tests/workflowapp.py imported on this test's namespace, its runs recorded under tmp_path."""
-    monkeypatch.setenv("RINGFENCE_NAMESPACE", namespace)
-    monkeypatch.setenv("RINGFENCE_REDIS_URL", redis_url)
-    monkeypatch.setenv("WF_DIR", str(tmp_path))
-    sys.modules.pop("workflowapp", None)
-    module = importlib.import_module("workflowapp")
+    """The app on this test's namespace, no worker."""
+    module = load(namespace, redis_url, tmp_path, monkeypatch)
     yield module
     module.app.close()
     sys.modules.pop("workflowapp", None)
 
 
+@dataclass
+class Served:
+    wf: ModuleType
+    dir: Path
+    namespace: str
+    redis_url: str
+
+
+@pytest.fixture(scope="module")
+def served(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The app and one real worker process, shared by this module's tests (each has workflows of its own)."""
+    namespace = f"t{uuid.uuid4().hex[:10]}"
+    directory = tmp_path_factory.mktemp("wf")
+    with pytest.MonkeyPatch.context() as mp:
+        module = load(namespace, redis_url, directory, mp)
+        w = WorkerProc(namespace, redis_url, "--app", "workflowapp:app", env={"WF_DIR": str(directory)})
+        try:
+            yield Served(module, directory, namespace, redis_url)
+        finally:
+            if w.proc.poll() is None:
+                os.killpg(w.proc.pid, signal.SIGKILL)
+                w.proc.wait(10)
+            module.app.close()
+            sys.modules.pop("workflowapp", None)
+            r = redis.Redis.from_url(redis_url)
+            keys = list(r.scan_iter(f"{namespace}:*", count=1000))
+            if keys:
+                r.delete(*keys)
+
+
 def runs(tmp_path: Path, job_id: str, kind: str = "ran") -> int:
     return sum(1 for p in tmp_path.iterdir() if p.name.startswith(job_id + ".") and p.name.endswith("." + kind))
-
-
-def worker(spawn_worker: Callable[..., WorkerProc], tmp_path: Path, faults: str = "") -> WorkerProc:
-    return spawn_worker("--app", "workflowapp:app", env={"WF_DIR": str(tmp_path), "RINGFENCE_FAULTS": faults})
 
 
 def settled(wf: ModuleType, wid: str, state: str = "done") -> Any:
@@ -58,33 +92,29 @@ def cli(namespace: str, redis_url: str, *args: str) -> subprocess.CompletedProce
                           capture_output=True, text=True, timeout=60)
 
 
-def test_chain_then_chord_results_flow_and_each_step_runs_once(wf: ModuleType, tmp_path: Path, rdb: redis.Redis,
-                                                                spawn_worker: Callable[..., WorkerProc]) -> None:
+def test_chain_then_chord_results_flow_and_each_step_runs_once(served: Served) -> None:
+    wf, tmp_path = served.wf, served.dir
     wid = ringfence.chain(wf.add.s(x=1), wf.add.s(x=2),
                           ringfence.chord([wf.add.s(x=10), wf.add.s(x=20), wf.add.s(x=30)], wf.total.s())).enqueue()
-    worker(spawn_worker, tmp_path)
     view = settled(wf, wid)
     assert [s.result for s in view.steps] == [1, 3, 13, 23, 33, {"sum": 69, "inputs": [13, 23, 33]}]
     assert [s.after for s in view.steps] == [[], [0], [1], [1], [1], [2, 3, 4]]
     assert all(runs(tmp_path, s.job_id) == 1 for s in view.steps)
     key = f"{wf.app.namespace}:{{{wf.app.namespace}:wf}}:wf:{wid}"
-    assert 0 < rdb.pttl(key) <= 86_400_000  # kept result_ttl_s (a day) once finished
-    assert rdb.hlen(f"{wf.app.namespace}:{{{wf.app.namespace}:wf}}:jobs") == 0
+    assert 0 < wf.app.broker.sync.pttl(key) <= 86_400_000  # kept result_ttl_s (a day) once finished
+    assert wf.app.broker.sync.hmget(wf.app.broker.keys.queue("wf").jobs, [s.job_id for s in view.steps]) == [None] * 6
 
 
-def test_finished_workflow_expires_after_its_result_ttl(wf: ModuleType, tmp_path: Path,
-                                                       spawn_worker: Callable[..., WorkerProc]) -> None:
+def test_finished_workflow_expires_after_its_result_ttl(served: Served) -> None:
+    wf = served.wf
     wid = ringfence.chain(wf.add.s(x=1)).enqueue(result_ttl_s=1)
-    worker(spawn_worker, tmp_path)
     settled(wf, wid)
     wait_until(lambda: wf.app.workflow(wid) is None, timeout=10)
 
 
-def test_dead_step_fails_the_workflow_and_replay_resumes_it(wf: ModuleType, tmp_path: Path, namespace: str,
-                                                            redis_url: str,
-                                                            spawn_worker: Callable[..., WorkerProc]) -> None:
+def test_dead_step_fails_the_workflow_and_replay_resumes_it(served: Served) -> None:
+    wf, tmp_path, namespace, redis_url = served.wf, served.dir, served.namespace, served.redis_url
     wid = ringfence.chain(wf.add.s(x=1), wf.boom.s(n=5), wf.add.s(x=10)).enqueue()
-    worker(spawn_worker, tmp_path)
     view = settled(wf, wid, "failed")
     assert view.failed == ["workflowapp.boom"]
     assert [s.state for s in view.steps] == ["done", "dead", "waiting"]
@@ -93,7 +123,7 @@ def test_dead_step_fails_the_workflow_and_replay_resumes_it(wf: ModuleType, tmp_
     assert shown.returncode == 0, shown.stderr
     assert orjson.loads(shown.stdout)["failed"] == ["workflowapp.boom"]
 
-    (tmp_path / "fixed").write_text("")
+    (tmp_path / "fixed-5").write_text("")
     replayed = cli(namespace, redis_url, "dead", "replay", view.steps[1].job_id)
     assert replayed.returncode == 0, replayed.stderr
     view = settled(wf, wid)
@@ -101,11 +131,10 @@ def test_dead_step_fails_the_workflow_and_replay_resumes_it(wf: ModuleType, tmp_
     assert runs(tmp_path, view.steps[2].job_id) == 1
 
 
-def test_chord_member_dead_fails_or_continues_by_its_policy(wf: ModuleType, tmp_path: Path,
-                                                            spawn_worker: Callable[..., WorkerProc]) -> None:
+def test_chord_member_dead_fails_or_continues_by_its_policy(served: Served) -> None:
+    wf, tmp_path = served.wf, served.dir
     failing = ringfence.chord([wf.add.s(x=1), wf.boom.s(n=2)], wf.total.s()).enqueue()
     going = ringfence.chord([wf.add.s(x=1), wf.boom.s(n=2)], wf.total.s(), on_member_dead="continue").enqueue()
-    worker(spawn_worker, tmp_path)
     failed = settled(wf, failing, "failed")
     assert [s.state for s in failed.steps] == ["done", "dead", "waiting"]
     done = settled(wf, going)
@@ -115,11 +144,17 @@ def test_chord_member_dead_fails_or_continues_by_its_policy(wf: ModuleType, tmp_
     assert runs(tmp_path, done.steps[2].job_id) == 1 and runs(tmp_path, failed.steps[2].job_id) == 0
 
 
-def test_cancel_stops_waiting_steps_and_tells_the_running_one(wf: ModuleType, tmp_path: Path, namespace: str,
-                                                              redis_url: str,
-                                                              spawn_worker: Callable[..., WorkerProc]) -> None:
+def test_a_result_the_next_step_cannot_take_fails_the_workflow_naming_it(served: Served) -> None:
+    wf = served.wf
+    wid = ringfence.chain(wf.member.s(x=1), wf.total.s()).enqueue()  # total takes a list, gets 1
+    view = settled(wf, wid, "failed")
+    assert view.failed == ["workflowapp.total"]
+    assert view.steps[1].failure["dead"] == "bad_payload" and "previous" in view.steps[1].failure["error"]
+
+
+def test_cancel_stops_waiting_steps_and_tells_the_running_one(served: Served) -> None:
+    wf, tmp_path, namespace, redis_url = served.wf, served.dir, served.namespace, served.redis_url
     wid = ringfence.chain(wf.slow.s(seconds=20), wf.add.s(x=1)).enqueue()
-    worker(spawn_worker, tmp_path)
     first = f"{wid}.0"
     wait_until(lambda: runs(tmp_path, first) == 1)
     out = cli(namespace, redis_url, "workflow", "cancel", wid)
@@ -132,6 +167,10 @@ def test_cancel_stops_waiting_steps_and_tells_the_running_one(wf: ModuleType, tm
     assert runs(tmp_path, f"{wid}.1") == 0
     again = cli(namespace, redis_url, "workflow", "show", "nope")
     assert again.returncode == 2 and "no workflow 'nope'" in again.stderr
+    finished = ringfence.chain(wf.add.s(x=1)).enqueue()
+    settled(wf, finished)
+    refused = cli(namespace, redis_url, "workflow", "cancel", finished)
+    assert refused.returncode == 2 and "is done already" in refused.stderr
 
 
 def test_bad_workflows_are_refused_with_one_clear_error(wf: ModuleType, rdb: redis.Redis, namespace: str) -> None:
@@ -145,6 +184,16 @@ def test_bad_workflows_are_refused_with_one_clear_error(wf: ModuleType, rdb: red
         ringfence.chord([wf.add.s(x=1)], wf.total.s(), on_member_dead="ignore")
     with pytest.raises(ringfence.PayloadError):
         ringfence.chain(wf.add.s(x="one")).enqueue()
+    with pytest.raises(ConfigError, match="needs 'previous' but no step comes before it"):
+        ringfence.chain(wf.total.s(), wf.add.s(x=1)).enqueue()
+    with pytest.raises(ConfigError, match="a workflow step takes no delay_s"):
+        ringfence.chain(wf.add.with_options(delay_s=5).s(x=1)).enqueue()
+    with pytest.raises(ConfigError, match="business_id=''"):
+        ringfence.chain(wf.add.s(x=1)).enqueue(business_id="")
+    with pytest.raises(ConfigError, match="result_ttl_s"):
+        ringfence.chain(wf.add.s(x=1)).enqueue(result_ttl_s=-1)
+    with pytest.raises(ConfigError, match="at least one step"):
+        ringfence.group([])
     assert not list(rdb.scan_iter(f"{namespace}:*wf:*"))  # nothing stored
 
 

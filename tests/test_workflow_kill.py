@@ -105,7 +105,7 @@ def test_sigkill_around_a_steps_dead_letter_fails_the_workflow_once(wf: ModuleTy
     view = settled(wf, wid, "failed")
     assert view.failed == ["workflowapp.boom"] and view.steps[2].state == "waiting"
     assert enqueued(wf) == 2
-    (tmp_path / "fixed").write_text("")
+    (tmp_path / "fixed-5").write_text("")
     assert cli(namespace, redis_url, "dead", "replay", view.steps[1].job_id).returncode == 0
     view = settled(wf, wid)
     assert [s.result for s in view.steps] == [1, 5, 15] and enqueued(wf) == 3

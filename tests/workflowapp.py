@@ -44,9 +44,9 @@ def total(ctx: JobContext, previous: list[Any]) -> Any:
 
 @app.task(queue="wf")
 def boom(ctx: JobContext, n: int, previous: Any = None) -> int:
-    """Dies (permanent) until the test writes $WF_DIR/fixed."""
+    """Dies (permanent) until the test writes $WF_DIR/fixed-<n>."""
     mark(ctx)
-    if not os.path.exists(os.path.join(DIR, "fixed")):
+    if not os.path.exists(os.path.join(DIR, f"fixed-{n}")):
         raise Permanent(f"boom {n}")
     return n
 

@@ -52,10 +52,14 @@ class _Plan:
             raise ConfigError(f"a workflow step is task.s(...), a chain, a group or a chord; got {sig!r}")
         if len(self.steps) >= MAX_STEPS:
             raise ConfigError(f"a workflow holds at most {MAX_STEPS:,} steps")
-        wants = PREVIOUS in pyinspect.signature(sig.task.fn).parameters
+        param = pyinspect.signature(sig.task.fn).parameters.get(PREVIOUS)
+        wants = param is not None
         if wants and isinstance(sig.payload, dict) and PREVIOUS in sig.payload:
             raise ConfigError(f"step {sig.task.name!r}: '{PREVIOUS}' is the result of the step before it; "
                               "do not pass it in .s()")
+        if param is not None and not after and param.default is param.empty:
+            raise ConfigError(f"step {sig.task.name!r} needs '{PREVIOUS}' but no step comes before it (give the "
+                              "parameter a default to start a workflow with it)")
         takes = ("l" if many else "1") if wants and after else ""
         self.steps.append(_Step(sig, list(after), takes))
         index = len(self.steps) - 1
