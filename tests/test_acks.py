@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from ringfence.redis.connection import ConnectionSettings, Health
 from ringfence.worker.acks import Acks
 
 
@@ -17,6 +18,8 @@ class _SlowBroker:
         self.sent = asyncio.Event()
         self.release = asyncio.Event()
         self.done: list[Any] = []
+        self.health = Health("slow")  # what Acks reads of a broker besides its calls
+        self.connection = ConnectionSettings()
 
     def ack(self, queue: str, pairs: list[tuple[str, str]]) -> tuple[str, list[tuple[str, str]]]:
         return queue, list(pairs)

@@ -171,7 +171,8 @@ def test_every_script_declares_keys_of_one_slot() -> None:
     calls = [
         b.enqueue("q", [("j", b"{}", 0)]), b.enqueue("q", [("j", b"{}", 0)], inline=True),
         b.cron("q", "p", [(1, "j", b"{}")]), b.fetch("q", 1, 2, "t"),
-        b.extend("q", [("j", "t", 2)]), b.ack("q", [("j", "t")]), b.retry("q", "j", "t", 2, {}),
+        b.extend("q", [("j", "t", 2)]), b.ack("q", [("j", "t")]), b.ack_lost("q", "w", [("j", "t", b"{}", 1)]),
+        b.retry("q", "j", "t", 2, {}),
         b.requeue("q", "j", "t", 2, "c"), b.hand_back_lost("q", "w", ["w.pj.1"]), b.dead("q", "j", "t", {}, {}),
         b.recover("q"), b.promote("q"),
         b.replay("q", ["j"]), b.delete_dead("q", ["j"]), b.breaker_allow("d", 1, 1),

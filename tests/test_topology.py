@@ -464,3 +464,45 @@ def test_the_outbox_relay_on_a_cluster(cluster: Cluster, tmp_path: Path) -> None
     queued = {q: app.broker.sync.lrange(app.broker.keys.queue(q).pending, 0, -1) for q in ("qa", "qb")}
     assert sorted(x.decode() for xs in queued.values() for x in xs) == sorted(ids)
     app.broker.close()
+
+
+def test_a_rerun_after_an_ack_lost_in_a_failover_is_recorded(tmp_path: Path, redis_url: str) -> None:
+    """A delayed job reaches the replica (durable enqueue); the replica then stops (SIGSTOP) and falls behind
+    (16 MB of filler) while the job runs and is acked on the master alone; the master is SIGKILLed and the replica promoted, without the fetch and the
+    ack: the job runs again. The worker checks the acks it sent before the failover on the new master: the
+    queue's stats count the lost ack (ack_lost) and the worker names the job."""
+    s = SentinelSet(tmp_path)
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    rdb = redis.Redis.from_url(redis_url)
+    w = worker(s.url, ns, redis_url, "--queues", "default")
+    app = App(s.url, ns, environment="test", replica_timeout_s=2.0)
+    noop = app.task(name="noop")(_noop)
+    try:
+        first = noop.enqueue(n=0)
+        wait_until(lambda: first in runs(rdb, ns), timeout=30)
+        job = noop.with_options(delay_s=2.0, durable=True).enqueue(n=1)  # the replica has it
+        os.kill(s.procs[s.replica].pid, signal.SIGSTOP)
+        master = redis.Redis(port=s.master)
+        for i in range(16):  # the replication stream outgrows the stopped replica's socket buffers
+            master.set(f"filler:{i}", PAD * 2)
+        assert job not in runs(rdb, ns), "the job ran before the replica fell behind"
+        wait_until(lambda: job in runs(rdb, ns), timeout=20)
+        stats = app.broker.keys.queue("default").stats
+        wait_until(lambda: redis.Redis(port=s.master).hget(stats, "processed") == b"2", timeout=10)  # acked
+        s.kill(s.master)
+        os.kill(s.procs[s.replica].pid, signal.SIGCONT)
+        wait_until(lambda: _runs_of(rdb, ns, job) == 2 or w.poll() is not None, timeout=40)
+        assert w.poll() is None, "the worker exited during the failover"
+        wait_until(lambda: redis.Redis(port=s.replica).hget(stats, "ack_lost") == b"1", timeout=10)
+    finally:
+        os.kill(s.procs[s.replica].pid, signal.SIGCONT)
+        w.send_signal(signal.SIGTERM)
+        out = w.communicate(timeout=30)[0].decode(errors="replace")
+        rdb.delete(f"{ns}:test:runs")
+        s.stop()
+    assert w.returncode == 0, out
+    assert f"their ack was lost): they run again, recorded in their history (ack_lost): {job}" in out, out
+
+
+def _runs_of(rdb: redis.Redis, ns: str, job: str) -> int:
+    return sum(r.decode().split()[0] == job for r in rdb.lrange(f"{ns}:test:runs", 0, -1))

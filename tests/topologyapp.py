@@ -18,7 +18,7 @@ record = redis.Redis.from_url(os.environ["TEST_RECORD_URL"])
 
 @app.task(name="noop")
 async def noop(ctx, n: int) -> None:
-    record.rpush(f"{ns}:test:runs", f"{ctx.id} {n} {time.time()}")
+    record.rpush(f"{ns}:test:runs", f"{ctx.id} {n} {time.time()} {ctx.attempt}")
 
 
 @app.task(name="padded")

@@ -360,6 +360,17 @@ class Broker(Reads, Admin):
         args = [self.clock(), *(x for pair in done for x in pair)]
         return Call("ack", [k.active, k.lease, k.jobs, k.attempts, k.history, k.stats, k.minutes], args, _ids)
 
+    def ack_lost(self, queue: str, worker: str, sent: Iterable[tuple[str, str, bytes, int]]
+                 ) -> Call[tuple[list[str], list[str]]]:
+        """sent: (id, token, fetched spec, finished ms) of acks sent before Redis failed over. Parses to the ids
+        whose ack was lost (recorded: they run again) and the ids still leased to their token (to ack again)."""
+        k = self.keys.queue(queue)
+        args: list[Any] = [self.clock(), worker]
+        for job_id, token, raw, finished_ms in sent:
+            args += [job_id, token, job_id.encode() + raw, finished_ms]
+        return Call("ack_lost", [k.lease, k.jobs, k.pending, k.attempts, k.history, k.stats], args,
+                    lambda raw: (_ids(raw[0]), _ids(raw[1])))
+
     def retry(self, queue: str, job_id: str, token: str, at_ms: int, entry: dict[str, Any]) -> Call[bool]:
         k = self.keys.queue(queue)
         return Call("retry", [k.active, k.lease, k.retry, k.history, k.stats, k.minutes],

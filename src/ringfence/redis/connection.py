@@ -220,6 +220,8 @@ class Health:
         self.url = redact(url)
         self.down_since: float | None = None
         self.failures = 0
+        #: Called with the monotonic time Redis stopped answering, when it answers again (from any thread).
+        self.on_recovered: list[Callable[[float], None]] = []
 
     @property
     def down(self) -> bool:
@@ -236,8 +238,10 @@ class Health:
         if self.down_since is not None:
             log.warning("Redis at %s answers again after %.1fs (%d failed call(s) meanwhile)", self.url,
                         time.monotonic() - self.down_since, self.failures)
-            self.down_since = None
+            since, self.down_since = self.down_since, None
             self.failures = 0
+            for listener in self.on_recovered:
+                listener(since)
 
 
 def full_error(what: str, memory: dict[str, Any]) -> RedisFull:

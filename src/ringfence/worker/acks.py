@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
+import time
+from collections import defaultdict, deque
 
 from ringfence.redis.broker import Broker
 from ringfence.redis.connect import while_loading
@@ -15,19 +16,28 @@ from ringfence.redis.connection import UNAVAILABLE
 log = logging.getLogger("ringfence.worker")
 
 
+#: Acks kept after they were sent, to check once Redis fails over: a replica promoted in its master's place lacks
+#: the writes of about the last replication lag.
+SENT_KEPT_S = 10.0
+
+
 class Acks:
     def __init__(self, broker: Broker, batch: int = 1, wait_s: float = 0.002) -> None:
         self.broker = broker
         self.batch, self.wait_s = batch, wait_s
         self._pending: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        self._raw: dict[tuple[str, str], bytes] = {}  # (id, token) -> the fetched spec, for the inline entry
+        self._sent: deque[tuple[float, str, str, str, bytes]] = deque()  # (monotonic, queue, id, token, spec)
+        self._checks: set[asyncio.Task[None]] = set()
         self._count = 0  # acks pending, all queues
         self._ready = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # one flush at a time: stop() waits for the flusher's call in flight
 
-    def add(self, queue: str, job_id: str, token: str) -> None:
+    def add(self, queue: str, job_id: str, token: str, raw: bytes = b"") -> None:
         self._pending[queue].append((job_id, token))
+        self._raw[(job_id, token)] = raw
         self._count += 1
         if self._count >= self.batch:
             self._ready.set()
@@ -36,6 +46,12 @@ class Acks:
 
     def start(self) -> None:
         self._flusher = asyncio.create_task(self._loop(), name="acker")
+        loop = asyncio.get_running_loop()
+
+        def recovered(since: float) -> None:
+            loop.call_soon_threadsafe(self._check_after, since)
+
+        self.broker.health.on_recovered.append(recovered)
 
     async def stop(self) -> None:
         """Send what is pending, then stop the flusher: a call the flusher has in flight ends first (cancelled, it
@@ -83,12 +99,53 @@ class Acks:
                 self._keep(pending)
                 raise
             del pending[queue]
+            self._keep_sent(queue, pairs, set(lost))
             if lost:
                 log.warning("ack of %d job(s) in %s refused: their lease had moved to another attempt: %s",
                             len(lost), queue, " ".join(lost[:10]))
         if error is not None:
             self._keep(pending)
             raise error
+
+    def _keep_sent(self, queue: str, pairs: list[tuple[str, str]], lost: set[str]) -> None:
+        now = time.monotonic()
+        for job_id, token in pairs:
+            raw = self._raw.pop((job_id, token), b"")
+            if job_id not in lost:
+                self._sent.append((now, queue, job_id, token, raw))
+        while self._sent and self._sent[0][0] < now - SENT_KEPT_S:
+            self._sent.popleft()
+
+    def _check_after(self, since: float) -> None:
+        """Redis answers again after failing at ``since``: check the acks sent shortly before (a failover may
+        have lost them), in the background."""
+        task = asyncio.get_running_loop().create_task(self.check_lost(since))
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    async def check_lost(self, since: float) -> None:
+        """Record the jobs whose ack, sent before ``since``, the master answering now does not have: they run
+        again (ack_lost.lua); the ones still leased to this worker are acked again."""
+        by_queue: dict[str, list[tuple[str, str, bytes, int]]] = defaultdict(list)
+        wall_ms = int(time.time() * 1000)
+        for at, queue, job_id, token, raw in self._sent:
+            if at <= since:
+                by_queue[queue].append((job_id, token, raw, wall_ms - int((time.monotonic() - at) * 1000)))
+        for queue, sent in by_queue.items():
+            worker = sent[0][1].rpartition(".")[0]
+            try:
+                rerun, ours = await self.broker.arun(self.broker.ack_lost(queue, worker, sent))
+            except Exception as exc:  # a check that cannot run costs a record, never the worker
+                log.warning("checking %d ack(s) of %s sent before Redis failed failed (%s: %s)", len(sent), queue,
+                            type(exc).__name__, exc)
+                continue
+            if rerun:
+                log.warning("%d job(s) of %s acked just before Redis failed over are queued again (their ack was "
+                            "lost): they run again, recorded in their history (ack_lost): %s", len(rerun), queue,
+                            " ".join(rerun[:10]))
+            raws = {s[0]: (s[1], s[2]) for s in sent}
+            for job_id in ours:
+                self.add(queue, job_id, *raws[job_id])
 
     def _keep(self, pending: dict[str, list[tuple[str, str]]]) -> None:
         """What was not acked goes into the next flush."""

@@ -46,7 +46,7 @@ class Settler:
         job = r.job
         self._finished(r, v)
         self.processed += 1
-        self.acks.add(job.queue, job.id, job.token)
+        self.acks.add(job.queue, job.id, job.token, job.raw)
         return True
 
     def _finished(self, r: Running, v: Verdict) -> None:
@@ -70,7 +70,7 @@ class Settler:
             if v.result is not None:  # stored before the ack: a crash between them reruns the job, never loses it
                 task = self.registry.get(job.spec.task) if job.spec else None
                 await results.store(b, job.id, task, v.result)
-            self.acks.add(job.queue, job.id, job.token)
+            self.acks.add(job.queue, job.id, job.token, job.raw)
             return
         if v.outcome is Outcome.REQUEUE:
             at = b.clock() + int(v.delay_s * 1000) if v.delay_s else 0
