@@ -468,9 +468,10 @@ def test_the_outbox_relay_on_a_cluster(cluster: Cluster, tmp_path: Path) -> None
 
 def test_a_rerun_after_an_ack_lost_in_a_failover_is_recorded(tmp_path: Path, redis_url: str) -> None:
     """A delayed job reaches the replica (durable enqueue); the replica then stops (SIGSTOP) and falls behind
-    (16 MB of filler) while the job runs and is acked on the master alone; the master is SIGKILLed and the replica promoted, without the fetch and the
-    ack: the job runs again. The worker checks the acks it sent before the failover on the new master: the
-    queue's stats count the lost ack (ack_lost) and the worker names the job."""
+    (16 MB of filler) while the job runs and is acked on the master alone; the master is SIGKILLed and the
+    replica promoted, without the fetch and the ack: the job runs again. The worker checks the acks it sent
+    before the failover on the new master: the queue's stats count the lost ack (ack_lost) and the worker names
+    the job."""
     s = SentinelSet(tmp_path)
     ns = f"t{uuid.uuid4().hex[:8]}"
     rdb = redis.Redis.from_url(redis_url)
