@@ -16,7 +16,8 @@ from ringfence import RetryPolicy
 from ringfence.contrib.otel import RingfenceInstrumentor
 from support import worker_app
 
-app = worker_app(fence=True, retry=RetryPolicy(max_attempts=2, base_s=0.1, cap_s=0.2))
+app = worker_app(fence=True, retry=RetryPolicy(max_attempts=2, base_s=0.1, cap_s=0.2),
+                 relay_outbox_s=0.2)  # the workers relay the outbox in the fence database
 MARKS = Path(os.environ.get("OTEL_MARKS", "/nonexistent"))  # a file per run: what the handlers did
 
 

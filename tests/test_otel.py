@@ -21,6 +21,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
 from ringfence.contrib.otel import RingfenceInstrumentor
+from ringfence.outbox import create_outbox
 from support import ROOT, wait_until
 
 
@@ -65,6 +66,7 @@ def traced(redis_url: str, namespace: str, tmp_path: Path) -> Iterator[Traced]:
 
     mod = importlib.reload(otelapp)
     mod.app.fence_store.create_all()
+    create_outbox(mod.app.fence_store.engine)
     t = Traced(mod, tmp_path, fence_url)
     RingfenceInstrumentor().instrument(tracer_provider=t.provider)
     try:
@@ -192,6 +194,21 @@ def test_enqueue_on_commit_keeps_the_callers_context(traced: Traced, tmp_path: P
     engine.dispose()
     send = traced.sent(job)
     assert send.parent is not None and send.parent.span_id == request.get_span_context().span_id
+
+
+def test_the_outbox_relay_keeps_the_writers_context(traced: Traced, spawn_worker: Any) -> None:
+    m = traced.mod
+    with traced.tracer.start_as_current_span("request") as request:
+        with m.app.fence_store.engine.begin() as conn:
+            job = m.hello.enqueue_in(conn, n=4)
+    create = traced.sent(job)
+    assert (create.name, create.kind.name, create.attributes["messaging.operation.type"]) == (
+        "create default", "PRODUCER", "create")
+    assert create.parent is not None and create.parent.span_id == request.get_span_context().span_id
+    w = spawn_worker("--app", "otelapp:app", env=traced.env())  # relays the row, then runs the job
+    [process] = traced.process_spans(job, 1)
+    _stop(w)
+    assert _child_of(process, create)
 
 
 def test_not_instrumented_specs_carry_no_trace_fields(traced: Traced, redis_url: str) -> None:
