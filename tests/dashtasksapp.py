@@ -21,5 +21,10 @@ def slow(ctx, n: int) -> None:
 
 
 @app.task(name="broken")
-def broken(ctx, n: int) -> None:
+def broken(ctx, n: int, **kw: object) -> None:
     raise Permanent(f"no provider for {n}")
+
+
+@app.task(name="later", retry=RetryPolicy(max_attempts=3, base_s=3600, cap_s=3600))
+def later(ctx, n: int, **kw: object) -> None:
+    raise ConnectionError(f"provider unreachable for {n}")

@@ -11,7 +11,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ringfence import jobs
-from ringfence.dashboard import actions, views
+from ringfence.dashboard import actions, search, views
 from ringfence.dashboard.page import BadInput, Dashboard, seconds, whole
 from ringfence.dashboard.security import Guard
 from ringfence.inspect import queue_gauges
@@ -20,8 +20,6 @@ from ringfence.redis.admin import STATES
 if TYPE_CHECKING:
     from ringfence.app import App
 
-PAGE = 50          # jobs per page when browsing a state
-SCAN_PAGES = 20    # with a filter: at most this many pages read per request (then "next" goes on)
 
 
 def build(app: App, *, read_only: bool, token: str | None, authorize: Any, redact: tuple[str, ...],
@@ -52,12 +50,14 @@ def build(app: App, *, read_only: bool, token: str | None, authorize: Any, redac
             return d.render(request, "job.html", page="jobs", job_id="", job=None, steps=[], status=404,
                             missing=f"no state {state!r} of queue {queue!r}")
         q = request.query_params
+        payload = q.get("payload", "").strip()
         flt = {"task": q.get("task", "").strip(), "error": q.get("error", "").strip(),
-               "min_age_s": seconds(q.get("min_age_s"), "min_age_s")}
+               "min_age_s": seconds(q.get("min_age_s"), "min_age_s"), "payload": payload,
+               "field": search.payload_field(payload, d.redact_fields)}
         offset = whole(q.get("offset"), "offset")
-        found, next_offset = _scan(app, queue, state, offset, flt)
-        return d.render(request, "browse.html", page="jobs", queue=queue, state=state, jobs=found, flt=flt,
-                        offset=offset, next_offset=next_offset, states=STATES,
+        found = search.scan(app, queue, state, offset, flt)
+        return d.render(request, "browse.html", page="jobs", queue=queue, state=state, jobs=found.jobs, flt=flt,
+                        offset=offset, next_offset=found.next_offset, scan=found, states=STATES,
                         paused=queue_gauges(app.broker, queue)["paused"])
 
     def fences(request: Request) -> Response:
@@ -92,30 +92,3 @@ def build(app: App, *, read_only: bool, token: str | None, authorize: Any, redac
         return d.render(request, "error.html", status=400, page="error", error=f"refused: {exc}")
 
     return Starlette(routes=routes, exception_handlers={BadInput: bad_input})
-
-
-def _scan(app: App, queue: str, state: str, offset: int, flt: dict[str, Any]) -> tuple[list[Any], int | None]:
-    """One page of matches from ``offset``; with a filter, reads at most SCAN_PAGES pages. Returns the jobs and
-    the offset to go on from (None at the end)."""
-    out: list[Any] = []
-    now = app.broker.clock()
-    for _ in range(SCAN_PAGES if any(flt.values()) else 1):
-        page = jobs.browse(app, queue, state, offset, PAGE)
-        offset += PAGE
-        out += [j for j in page if _matches(j, flt, now, state)]
-        if len(page) < PAGE:
-            return out, None
-        if len(out) >= PAGE:
-            break
-    return out, offset
-
-
-def _matches(j: Any, flt: dict[str, Any], now: float, state: str) -> bool:
-    if flt["task"] and j.task != flt["task"]:
-        return False
-    if flt["error"] and flt["error"].lower() not in j.error.lower():
-        return False
-    born = j.died_ms if state == "dead" else j.enqueued_ms
-    return not (flt["min_age_s"] and born and (now - born) / 1000 < flt["min_age_s"])
-
-
