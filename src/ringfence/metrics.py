@@ -224,29 +224,39 @@ _Snapshot = dict[tuple[str, str], tuple[int, tuple[int, ...]]]  # (task, queue) 
 
 class _Minutes:
     """The tallies as they were at the first read of each of the last 61 minutes: a minute's attempts are the
-    difference between its mark and the next one (bounded: 61 snapshots of the tallies)."""
+    difference between its mark and the next one (bounded: 61 snapshots of the tallies). The closed minutes are
+    worked out once, when a new minute begins; each read adds only the current one."""
 
     def __init__(self) -> None:
         self.marks: deque[tuple[int, _Snapshot]] = deque(maxlen=61)
+        self.closed: dict[tuple[str, str], list[list[Any]]] = {}
 
     def update(self, now: _Snapshot, minute: int) -> list[dict[str, Any]]:
         if not self.marks:
             self.marks.append((minute, {}))  # the worker's start: its attempts so far belong to this minute
         elif self.marks[-1][0] < minute:
             self.marks.append((minute, now))
-        marks = [*self.marks, (minute + 1, now)]
+            self.closed = defaultdict(list)
+            for (m, before), (_, after) in itertools.pairwise(self.marks):
+                for key, tally in after.items():
+                    if (d := _delta(m, before.get(key), tally)) is not None:
+                        self.closed[key].append(d)
+        last_minute, last = self.marks[-1]
         out = []
         for (task, queue), (failed, counts) in sorted(now.items()):
-            minutes = []
-            for (m, before), (_, after) in itertools.pairwise(marks):
-                f0, c0 = before.get((task, queue), (0, (0,) * len(counts)))
-                f1, c1 = after.get((task, queue), (f0, c0))
-                runs = [[i, b - a] for i, (a, b) in enumerate(zip(c0, c1, strict=True)) if b != a]
-                if runs:
-                    minutes.append([m, sum(n for _, n in runs), f1 - f0, runs])
+            current = _delta(last_minute, last.get((task, queue)), (failed, counts))
             out.append({"task": task, "queue": queue, "finished": sum(counts), "failed": failed,
-                        "buckets": list(counts), "minutes": minutes})
+                        "buckets": list(counts),
+                        "minutes": self.closed.get((task, queue), []) + ([current] if current else [])})
         return out
+
+
+def _delta(minute: int, before: tuple[int, tuple[int, ...]] | None, after: tuple[int, tuple[int, ...]]
+           ) -> list[Any] | None:
+    """[minute, finished, failed, [[bucket, count], ...]] between two reads of one tally (None: nothing ran)."""
+    f0, c0 = before or (0, (0,) * len(after[1]))
+    runs = [[i, b - a] for i, (a, b) in enumerate(zip(c0, after[1], strict=True)) if b != a]
+    return [minute, sum(n for _, n in runs), after[0] - f0, runs] if runs else None
 
 
 class _HistogramCollector(Collector):
