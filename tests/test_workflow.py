@@ -131,6 +131,20 @@ def test_dead_step_fails_the_workflow_and_replay_resumes_it(served: Served) -> N
     assert runs(tmp_path, view.steps[2].job_id) == 1
 
 
+def test_a_step_whose_job_is_gone_shows_the_workflow_stuck_with_the_remedy(served: Served) -> None:
+    wf, namespace, redis_url = served.wf, served.namespace, served.redis_url
+    wid = ringfence.chain(wf.boom.s(n=9), wf.add.s(x=1)).enqueue()
+    view = settled(wf, wid, "failed")
+    assert view.stuck == []
+    deleted = cli(namespace, redis_url, "dead", "delete", view.steps[0].job_id)
+    assert deleted.returncode == 0, deleted.stderr
+    shown = cli(namespace, redis_url, "workflow", "show", wid)
+    assert shown.returncode == 0, shown.stderr
+    found = orjson.loads(shown.stdout)
+    assert found["stuck"] == ["workflowapp.boom"]
+    assert f"ringfence workflow cancel {wid}" in found["remedy"]
+
+
 def test_chord_member_dead_fails_or_continues_by_its_policy(served: Served) -> None:
     wf, tmp_path = served.wf, served.dir
     failing = ringfence.chord([wf.add.s(x=1), wf.boom.s(n=2)], wf.total.s()).enqueue()

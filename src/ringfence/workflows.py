@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect as pyinspect
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -276,6 +276,15 @@ class WorkflowView:
     business_id: str
     created_ms: int
     steps: list[StepView]
+    stuck: list[str] = field(default_factory=list)  # steps queued or dead whose job no longer exists
+
+    @property
+    def remedy(self) -> str:
+        """What to do about a stuck workflow ('' when it is not)."""
+        if not self.stuck:
+            return ""
+        return (f"step(s) {', '.join(self.stuck)} wait on a job that no longer exists (cancelled, purged or "
+                f"deleted): nothing will advance it; `ringfence workflow cancel {self.id}` ends it")
 
     @property
     def failed(self) -> list[str]:
@@ -284,7 +293,7 @@ class WorkflowView:
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "queue": self.queue, "state": self.state, "business_id": self.business_id,
-                "created_ms": self.created_ms, "failed": self.failed,
+                "created_ms": self.created_ms, "failed": self.failed, "stuck": self.stuck, "remedy": self.remedy,
                 "steps": [{"index": s.index, "name": s.name, "job_id": s.job_id, "state": s.state,
                            "after": s.after, "result": s.result, "failure": s.failure} for s in self.steps]}
 
@@ -294,9 +303,25 @@ def _json(raw: str | None) -> Any:
 
 
 def read(app: Live, workflow_id: str) -> WorkflowView | None:
-    """A workflow's state, or None (no such id, or it expired)."""
+    """A workflow's state, or None (no such id, or it expired); ``stuck`` names its steps queued or dead whose job
+    is gone (read twice: a step that finished between the two reads is not stuck)."""
     check_name("workflow id", workflow_id)
-    found = stored.read(app.broker, app.broker.queues(), workflow_id)
+    view = _read(app, app.broker.queues(), workflow_id)
+    if view is None or view.state not in ("running", "failed"):
+        return view
+    gone = {s.index for s in view.steps
+            if s.state in ("queued", "dead") and app.broker.job_state(view.queue, s.job_id) is None}
+    if not gone:
+        return view
+    again = _read(app, [view.queue], workflow_id)
+    if again is None:
+        return None
+    stuck = [s.name for s in again.steps if s.index in gone and s.state == view.steps[s.index].state]
+    return replace(again, stuck=stuck)
+
+
+def _read(app: Live, queues: list[str], workflow_id: str) -> WorkflowView | None:
+    found = stored.read(app.broker, queues, workflow_id)
     if found is None:
         return None
     queue, f = found
