@@ -4,6 +4,7 @@ doctor names the topology (a node down, a master without replica, slots not serv
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -156,5 +157,45 @@ def test_healthy_masters_keep_their_pace_while_one_fails_over(tmp_path: Path, re
         assert {r[2] for r in healthy_runs} == {1}
         assert dead_job in {r[0] for r in runs}
         app.close()
+    finally:
+        cluster.stop()
+
+
+def test_the_doctor_names_a_dead_node_and_answers_for_the_rest(tmp_path: Path, redis_url: str) -> None:
+    """One master SIGKILLed and another master's replica too (node timeout 60 s: no failover meanwhile). The
+    doctor exits 2 with its findings, not 3 "cannot connect": the dead master and the dead replica are named, the
+    master left without a replica is named, the dead master's queue is named unreadable, and the queues of the
+    masters that answer are still judged (a backlog no worker serves)."""
+    cluster = Cluster(tmp_path, replicas=1, node_timeout_ms=60_000)
+    try:
+        ns = f"doc{uuid.uuid4().hex[:6]}"
+        app = App(cluster.url, ns)
+        task = app.task(name="stamp")(_stamp)
+        by_master = _queue_per_master(app)
+        for q in by_master.values():
+            task.with_options(queue=q).enqueue(n=1)
+        home = app.broker.sync.get_node_from_key(app.broker.keys.queues).name  # type: ignore[attr-defined]
+        victim, lonely = sorted(m for m in by_master if m != home)
+        replicas = cluster.masters()
+        lonely_replica = replicas[int(lonely.rsplit(":", 1)[1])]
+        assert lonely_replica is not None
+        cluster.kill(int(victim.rsplit(":", 1)[1]))
+        cluster.kill(lonely_replica)
+        app.close()
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "ringfence.cli", "doctor", "--app", "clusterpaceapp:app", "--json",
+                               "--sample-s", "0.2"], env=_env(cluster.url, ns, redis_url), capture_output=True,
+                              text=True, timeout=120)
+        took = time.monotonic() - started
+        assert done.returncode == 2, done.stdout + done.stderr
+        found = json.loads(done.stdout)["findings"]
+        topo = {f["subject"]: f for f in found if f["check"] == "topology"}
+        assert topo[victim]["status"] == "failure" and "down" in topo[victim]["symptom"]
+        assert topo[f"127.0.0.1:{lonely_replica}"]["status"] == "warning"
+        assert topo[lonely]["status"] == "warning" and "no live replica" in topo[lonely]["symptom"]
+        assert topo[by_master[victim]]["status"] == "failure" and "cannot be read" in topo[by_master[victim]]["symptom"]
+        judged = {f["subject"] for f in found if f["check"] == "queue_unserved"}
+        assert judged == {by_master[home], by_master[lonely]}
+        assert took < 60, f"the doctor took {took:.0f}s"
     finally:
         cluster.stop()

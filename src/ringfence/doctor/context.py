@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ringfence.inspect import queue_gauges
 from ringfence.redis.broker import Broker
+from ringfence.redis.connection import UNAVAILABLE
 
 if TYPE_CHECKING:
     from ringfence.app import App
@@ -44,11 +45,29 @@ class Snapshot:
     queues: dict[str, dict[str, Any]]
     servers: list[dict[str, Any]]
     environment: str | None
+    unreachable: dict[str, str] = field(default_factory=dict)  # queue (or "namespace") -> the error
 
     @classmethod
     def take(cls, broker: Broker) -> Snapshot:
-        queues = {q: queue_gauges(broker, q) for q in broker.queues()}
-        return cls(time.time(), queues, broker.servers(), broker.environment())
+        """Every queue that can be read; one whose Redis node does not answer (a Cluster) is named in
+        ``unreachable`` instead, and the others are still read."""
+        unreachable: dict[str, str] = {}
+        try:
+            names, servers, environment = broker.queues(), broker.servers(), broker.environment()
+        except UNAVAILABLE as exc:
+            if not broker.cluster:
+                raise
+            names, servers, environment = [], [], None
+            unreachable["namespace"] = _said(exc)
+        queues: dict[str, dict[str, Any]] = {}
+        for q in names:
+            try:
+                queues[q] = queue_gauges(broker, q)
+            except UNAVAILABLE as exc:
+                if not broker.cluster:
+                    raise
+                unreachable[q] = _said(exc)
+        return cls(time.time(), queues, servers, environment, unreachable)
 
     def stat(self, queue: str, name: str) -> int:
         q = self.queues.get(queue)
@@ -57,6 +76,10 @@ class Snapshot:
     def listed_by(self, queue: str) -> list[dict[str, Any]]:
         """Live servers whose ``--queues`` include ``queue``."""
         return [s for s in self.servers if queue in (s.get("queues") or {})]
+
+
+def _said(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
 
 
 @dataclass

@@ -1,0 +1,95 @@
+"""A Redis Cluster's topology as its nodes see it (CLUSTER NODES and CLUSTER INFO of the first node that answers):
+nodes down, slots not served, masters without a replica. Read for the doctor and ``info``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from ringfence.redis.broker import Broker
+
+
+@dataclass(frozen=True)
+class Node:
+    address: str
+    node_id: str
+    master: bool
+    master_id: str  # a replica's master; "-" for a master
+    flagged: bool  # flagged fail or pfail by the cluster (after its node timeout)
+    answers: bool  # answered a PING from here just now
+    slots: int
+
+    @property
+    def down(self) -> bool:
+        return self.flagged or not self.answers
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    read_from: str
+    state: str  # cluster_state: "ok" or "fail"
+    slots_ok: int  # of 16384
+    nodes: list[Node]
+
+    def down(self) -> list[Node]:
+        return [n for n in self.nodes if n.down]
+
+    def without_replica(self) -> list[Node]:
+        """Masters serving slots with no live replica: their failure leaves slots unserved."""
+        live = {n.master_id for n in self.nodes if not n.master and not n.down}
+        return [n for n in self.nodes if n.master and not n.down and n.slots and n.node_id not in live]
+
+
+def _slots(ranges: Any) -> int:
+    total = 0
+    for r in ranges or []:
+        first, last = (int(r[0]), int(r[-1])) if isinstance(r, list | tuple) else (int(r), int(r))
+        total += last - first + 1
+    return total
+
+
+def cluster_view(broker: Broker) -> ClusterView | None:
+    """The view of the first known node that answers; None when none does (or not a Cluster)."""
+    if not broker.cluster:
+        return None
+    known = broker.sync.get_nodes()  # type: ignore[attr-defined]
+    for node in known:
+        conn = node.redis_connection
+        try:
+            nodes = conn.execute_command("CLUSTER NODES")
+            info = conn.execute_command("CLUSTER INFO")
+        except (redis.RedisError, OSError):
+            continue
+        clients = {n.name: n.redis_connection for n in known}
+        found = [Node(address, str(n["node_id"]), "master" in n["flags"], str(n["master_id"]),
+                      "fail" in n["flags"], _answers(clients.get(address) or _client(conn, address)),
+                      _slots(n.get("slots")))
+                 for address, n in sorted(nodes.items())]
+        return ClusterView(node.name, str(info.get("cluster_state")), int(info.get("cluster_slots_ok", 0)), found)
+    return None
+
+
+def _client(like: Any, address: str) -> redis.Redis:
+    """A client of a node the cluster client left out of its map (it did not answer then), with the same login
+    and TLS options."""
+    host, _, port = address.rpartition(":")
+    options = {k: v for k, v in like.connection_pool.connection_kwargs.items()
+               if k in ("username", "password", "ssl", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")}
+    return redis.Redis(host=host, port=int(port), socket_timeout=2, socket_connect_timeout=2, **options)
+
+
+def _answers(client: Any) -> bool:
+    try:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+
+
+def node_of(broker: Broker, key: str) -> str:
+    """The address of the node the client's slot map names for ``key`` ("?" when it has none)."""
+    try:
+        return str(broker.sync.get_node_from_key(key).name)  # type: ignore[attr-defined]
+    except (redis.RedisError, AttributeError):
+        return "?"
