@@ -14,6 +14,9 @@ from typing import Any, cast
 
 from ringfence.app import App
 from ringfence.models import DeadJob
+from ringfence.outbox.relay import Relay
+from ringfence.outbox.schema import missing_columns
+from ringfence.outbox.store import relay_engine
 from ringfence.redis.broker import Broker
 from ringfence.runtime import Runtime
 from ringfence.scheduler import Scheduler
@@ -68,6 +71,7 @@ class TestWorker:
         app.runtime = runtime  # the test's enqueues and the worker's jobs both use it
         self.queues = app.registry.queues() or ["default"]
         self._dead_seen: set[tuple[str, str]] = set()
+        self._relay: Relay | bool | None = None  # False: no outbox table
 
     def reset(self) -> None:
         """Empty this Redis (a private one: every test starts from empty queues)."""
@@ -110,13 +114,34 @@ class TestWorker:
     def _run(self, until_ms: int | None) -> Drained:
         drained = Drained()
         while True:
+            self.relay()
             self._add(drained, Drained(self._call(self._serve())))
+            if self.relay():
+                continue  # the jobs ran wrote more outbox rows
             due = self._next_due()
             if due is None or (until_ms is not None and due > until_ms):
                 return drained
             self.clock.ms = max(self.clock.ms, due)
             for queue in self.queues:
                 self.broker.run(self.broker.promote(queue))
+
+    def relay(self) -> int:
+        """Send the outbox rows committed so far to Redis, as ``ringfence relay`` does (0 when the app's database
+        has no outbox table); ``drain`` calls it before and after each run."""
+        if self._relay is None:
+            self._relay = self._outbox_relay()
+        return self._relay.run(once=True) if isinstance(self._relay, Relay) else 0
+
+    def _outbox_relay(self) -> Relay | bool:
+        if not self.app.fence_url:
+            return False
+        engine = relay_engine(self.app.fence_url)
+        try:
+            missing_columns(engine)
+        except Exception:  # no outbox table in that database: nothing to relay
+            engine.dispose()
+            return False
+        return Relay(self.app, engine=engine)
 
     async def _serve(self) -> int:
         """One real worker on this loop until every queue is empty and nothing runs; the jobs it acked."""
@@ -195,5 +220,7 @@ class TestWorker:
 
     def close(self) -> None:
         """Close the connections and give the app back its own runtime."""
+        if isinstance(self._relay, Relay):
+            self._relay.store.engine.dispose()
         self.runtime.close()
         self.app._runtime = self._before
