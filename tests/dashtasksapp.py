@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from ringfence import Permanent, RetryPolicy
@@ -28,3 +29,8 @@ def broken(ctx, n: int, **kw: object) -> None:
 @app.task(name="later", retry=RetryPolicy(max_attempts=3, base_s=3600, cap_s=3600))
 def later(ctx, n: int, **kw: object) -> None:
     raise ConnectionError(f"provider unreachable for {n}")
+
+
+@app.task(name="long")
+async def long(ctx, n: int) -> None:
+    await asyncio.sleep(120)

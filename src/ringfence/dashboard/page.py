@@ -7,6 +7,7 @@ import hmac
 import math
 import re
 import secrets
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -33,6 +34,8 @@ class Dashboard:
         self.env.filters["redact"] = self.redact
         self.env.filters["ago"] = _ago
         self.env.filters["secs"] = _secs
+        self.env.filters["utc"] = _utc
+        self.env.filters["until"] = _in
         self.env.filters["q"] = lambda v: quote(str(v), safe="")  # one URL path segment or query value
         self._flash_key = secrets.token_bytes(32)
 
@@ -71,6 +74,24 @@ def _secs(s: float | None) -> str:
     if s < 1:
         return f"{s * 1000:.0f} ms"
     return f"{s:.2f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def _utc(ms: float) -> str:
+    """A time in milliseconds since the epoch, readable (UTC, to the second)."""
+    if not ms:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _in(ms: float, now_ms: float) -> str:
+    """How long until ``ms`` ("due now" once past)."""
+    s = (ms - now_ms) / 1000
+    if s <= 0:
+        return "due now"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"in {s / size:.1f}{unit}"
+    return f"in {s:.1f}s"
 
 
 def _ago(ms: float, now_ms: float) -> str:

@@ -41,7 +41,8 @@ def build(app: App, *, read_only: bool, token: str | None, authorize: Any, redac
             from ringfence.fence.reads import owner_rows
 
             steps = owner_rows(store, job_id)
-        return d.render(request, "job.html", page="jobs", job_id=job_id, job=found, steps=steps,
+        where = views.whereabouts(app, found) if found else {}
+        return d.render(request, "job.html", page="jobs", job_id=job_id, job=found, steps=steps, where=where,
                         status=404 if job_id and found is None else 200)
 
     def browse(request: Request) -> Response:

@@ -65,6 +65,23 @@ def task_page(app: App, queue: str, task: str) -> dict[str, Any] | None:
     return {"row": row, "charts": charts}
 
 
+def whereabouts(app: App, job: Any) -> dict[str, Any]:
+    """What the job page adds to ``ringfence job show``: the worker running it and since when (from the live
+    workers' heartbeats), when a scheduled or retrying job is due, and the host of each attempt's worker."""
+    live = {s.get("id"): s for s in app.broker.servers()}
+    out: dict[str, Any] = {"hosts": {i: f"{s.get('host', '?')} pid {s.get('pid', '?')}" for i, s in live.items()}}
+    if job.state == "active":
+        runner = next((s for s in live.values() if job.id in (s.get("running") or [])), None)
+        if runner is not None:
+            out["worker"] = runner.get("id")
+            out["since_ms"] = (runner.get("running_since_ms") or {}).get(job.id, 0)
+    elif job.state in ("scheduled", "retry") and job.source == "redis":
+        k = app.broker.keys.queue(job.queue)
+        due = app.broker.sync.zscore(k.retry if job.state == "retry" else k.scheduled, job.id)
+        out["due_ms"] = int(due) if due is not None else 0
+    return out
+
+
 def servers(app: App) -> list[dict[str, Any]]:
     from ringfence import inspect
 

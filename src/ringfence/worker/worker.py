@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -225,8 +226,11 @@ class Worker:
 
     def _live(self) -> dict[str, Any]:
         p = self.processor
+        now_ms, mono = self.broker.clock(), time.monotonic()  # the dashboard's "running since" on Redis' clock
+        since = {job_id: int(now_ms - (mono - r.started) * 1000) for job_id, r in p.running.items() if r.started}
         return {"running": sorted(p.running), "processed": p.processed, "failed": p.failed,
-                "duration_p95_s": self.metrics.duration_p95(), "task_stats": self.metrics.task_stats()}
+                "duration_p95_s": self.metrics.duration_p95(), "task_stats": self.metrics.task_stats(),
+                "running_since_ms": since}
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()

@@ -2,6 +2,18 @@
 // unless the user is typing or has selected something. A bulk action's next batch is submitted by itself.
 (function () {
   "use strict";
+  // A copy button copies its target's text as shown (redacted); delegated: refreshed content keeps working.
+  document.addEventListener("click", function (e) {
+    var b = e.target.closest && e.target.closest("button[data-copy]");
+    if (!b) return;
+    var text = (document.getElementById(b.getAttribute("data-copy")) || {}).textContent || "";
+    function done() { b.textContent = "Copied"; b.setAttribute("data-copied", "1"); }
+    if (navigator.clipboard && window.isSecureContext) { navigator.clipboard.writeText(text).then(done); return; }
+    var t = document.createElement("textarea");
+    t.value = text; document.body.appendChild(t); t.select();
+    if (document.execCommand("copy")) done();
+    t.remove();
+  });
   var body = document.body;
   var every = parseFloat(body.getAttribute("data-refresh") || "5") * 1000;
   var page = body.getAttribute("data-page");
@@ -11,7 +23,7 @@
   function busy(main) {
     var a = document.activeElement;
     if (a && main.contains(a) && /INPUT|SELECT|TEXTAREA/.test(a.tagName)) return true;
-    return !!main.querySelector("input[type=checkbox]:checked");
+    return !!main.querySelector("input[type=checkbox]:checked, details.keep:not([open])");
   }
   setInterval(function () {
     var main = document.getElementById("live");
