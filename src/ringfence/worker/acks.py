@@ -19,6 +19,7 @@ log = logging.getLogger("ringfence.worker")
 #: Acks kept after they were sent, to check once Redis fails over: a replica promoted in its master's place lacks
 #: the writes of about the last replication lag.
 SENT_KEPT_S = 10.0
+SENT_KEPT_MAX = 100_000  # at most this many (the newest): a bounded memory at any rate
 
 
 class Acks:
@@ -27,7 +28,8 @@ class Acks:
         self.batch, self.wait_s = batch, wait_s
         self._pending: dict[str, list[tuple[str, str]]] = defaultdict(list)
         self._raw: dict[tuple[str, str], bytes] = {}  # (id, token) -> the fetched spec, for the inline entry
-        self._sent: deque[tuple[float, str, str, str, bytes]] = deque()  # (monotonic, queue, id, token, spec)
+        # (monotonic, queue, id, token, spec) of the acks sent in the last SENT_KEPT_S
+        self._sent: deque[tuple[float, str, str, str, bytes]] = deque(maxlen=SENT_KEPT_MAX)
         self._checks: set[asyncio.Task[None]] = set()
         self._count = 0  # acks pending, all queues
         self._ready = asyncio.Event()
