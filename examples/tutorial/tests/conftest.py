@@ -20,3 +20,10 @@ def tables() -> None:
     metadata.create_all(engine)  # in a real project: your migrations
     create_all(engine)
     create_outbox(engine)
+
+
+@pytest.fixture
+def ringfence_app():
+    from myshop.jobs import app
+
+    return app  # the App ringfence's test worker runs (the ringfence_worker fixture)

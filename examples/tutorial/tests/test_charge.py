@@ -38,3 +38,12 @@ def test_an_order_and_its_charge_job_commit_together() -> None:
         place_order(conn, amount=1999)
         raise RuntimeError("the request fails after the order was written")
     assert jobs_waiting() == before + 1  # rolled back: no order, no job
+
+
+def test_a_placed_order_is_charged_when_its_job_runs(ringfence_worker) -> None:
+    with engine.begin() as conn:
+        order_id, _ = place_order(conn, amount=1999)
+    ringfence_worker.drain()  # relays the outbox row to Redis and runs the job, as relay and worker do
+    with engine.connect() as conn:
+        charge_id = conn.execute(select(orders.c.charge_id).where(orders.c.id == order_id)).scalar_one()
+    assert charge_id in psp.charges  # the provider made that charge
