@@ -129,7 +129,17 @@ def browse(app: Live, queue: str, state: str, offset: int = 0, count: int = 50) 
     if state == "dead":
         ids = [i for i, _ in broker.page(queue, state, offset, count)]
         return [_dead_view(DeadJob.decode(queue, i, raw)) for i, raw in broker.dead_records(queue, ids)]
-    page = broker.page_specs(queue, state, offset, count)
+    return _views(app, queue, state, broker.page_specs(queue, state, offset, count))
+
+
+def by_ids(app: Live, queue: str, state: str, ids: list[str]) -> list[JobView]:
+    """The scheduled or retrying jobs ``ids`` of ``queue`` as ``browse`` shows them (one round trip each for
+    their records, attempts and histories)."""
+    return _views(app, queue, state, list(zip(ids, app.broker.specs(queue, ids), strict=True)))
+
+
+def _views(app: Live, queue: str, state: str, page: list[tuple[str, bytes | None]]) -> list[JobView]:
+    broker = app.broker
     ids = [job_id for job_id, _ in page]
     k = broker.keys.queue(queue)
     p = broker.sync.pipeline(transaction=False)

@@ -14,7 +14,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from ringfence import inspect, jobs
-from ringfence.dashboard import views
+from ringfence.dashboard import later, views
 from ringfence.dashboard.page import BadInput, whole
 from ringfence.dashboard.security import AUTH_COOKIE, csrf_ok, same, token_proof
 from ringfence.errors import RingfenceError
@@ -176,6 +176,7 @@ def routes(d: Dashboard) -> list[Route]:
         Route("/actions/cancel", _guarded(d, _cancel), methods=["POST"]),
         Route("/actions/purge", _guarded(d, _purge), methods=["POST"]),
         Route("/actions/dead", _guarded(d, _dead), methods=["POST"]),
+        Route("/actions/later", _guarded(d, later.action), methods=["POST"]),
         Route("/actions/resolve", _guarded(d, _resolve), methods=["POST"]),
         Route("/fences/reconcile", _guarded(d, _reconcile), methods=["POST"]),
     ]

@@ -1,0 +1,133 @@
+"""Run now and cancel for scheduled and retrying jobs, one and in bulk (batches of 500, the page submitting the
+next): a real worker process runs what was made due; a filter leaves the other jobs where they were; POST only,
+with the token and the CSRF value."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("starlette")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from starlette.testclient import TestClient
+
+from ringfence import App
+from ringfence.dashboard import create_app
+from support import ROOT, wait_until
+
+TOKEN = "later-token"
+
+
+def csrf(client: TestClient, path: str = "/login") -> str:
+    page = client.get(path)
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    return found.group(1) if found else client.cookies.get("rf_csrf", "")
+
+
+def logged_in(app: App) -> tuple[TestClient, str]:
+    client = TestClient(create_app(app, token=TOKEN))
+    token = csrf(client)
+    assert client.post("/login", data={"csrf": token, "token": TOKEN}, follow_redirects=False).status_code == 303
+    return client, token
+
+
+def follow(client: TestClient, page: str) -> str:
+    """Submit each next-batch form the progress page carries, as its script does; the last page."""
+    while (form := re.search(r'<form method="post" action="/actions/later" data-autosubmit>(.*?)</form>', page,
+                             re.S)) is not None:
+        data = dict(re.findall(r'name="([^"]+)" value="([^"]*)"', form[1]))
+        page = client.post("/actions/later", data=data).text
+    return page
+
+
+@pytest.fixture
+def worker(redis_url: str, namespace: str) -> Iterator[Any]:
+    env = {**os.environ, "RINGFENCE_REDIS_URL": redis_url, "RINGFENCE_NAMESPACE": namespace,
+           "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        procs.append(subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", "dashtasksapp:app"],
+                                      env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.STDOUT))
+    yield start
+    for p in procs:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+
+
+@pytest.fixture
+def app(make_app: Any) -> App:
+    app: App = make_app()
+    for name in ("quick", "slow", "later"):
+        app.task(name=name)(lambda ctx, **kw: None)
+    return app
+
+
+def test_run_now_one_scheduled_and_one_retrying_job_a_worker_runs_them(app: App, worker: Any) -> None:
+    b = app.broker
+    retrying = app.enqueue("later", n=1)
+    worker()
+    wait_until(lambda: b.job_state("default", retrying) == "retry", timeout=30)
+    scheduled = app.enqueue_many("quick", [{"n": 1}], delay_s=3600)[0]
+    client, token = logged_in(app)
+    page = client.get("/queues/default/scheduled").text
+    assert f'value="{scheduled}" form="later-form"' in page and 'value="run_now"' in page
+    done = client.post("/actions/later", data={"csrf": token, "op": "run_now", "queue": "default",
+                                               "state": "scheduled", "id": scheduled})
+    assert done.status_code == 200 and 'data-done="1"' in done.text
+    wait_until(lambda: b.job_state("default", scheduled) is None, timeout=10)  # run and acked
+    done = client.post("/actions/later", data={"csrf": token, "op": "run_now", "queue": "default",
+                                               "state": "retry", "id": retrying})
+    assert 'data-done="1"' in done.text
+    wait_until(lambda: b.attempts("default", retrying) == 2 and b.job_state("default", retrying) == "retry",
+               timeout=10)  # its second attempt ran now, not in an hour (and failed again)
+
+
+def test_bulk_run_now_with_a_filter_in_batches_leaves_the_rest(app: App) -> None:
+    b = app.broker
+    quick = app.enqueue_many("quick", [{"n": i} for i in range(1200)], delay_s=3600)
+    slow = app.enqueue_many("slow", [{"n": i} for i in range(300)], delay_s=3600)
+    client, token = logged_in(app)
+    first = client.post("/actions/later", data={"csrf": token, "op": "run_now", "queue": "default",
+                                                "state": "scheduled", "all": "1", "task": "quick"}).text
+    assert "the next batch follows" in first
+    last = follow(client, first)
+    assert 'data-done="1200"' in last and "the next batch follows" not in last
+    k = b.keys.queue("default")
+    now = b.clock()
+    assert {x.decode() for x in b.sync.zrangebyscore(k.scheduled, now + 1, "+inf")} == set(slow)
+    assert {x.decode() for x in b.sync.zrangebyscore(k.scheduled, "-inf", now)} == set(quick)
+
+
+def test_bulk_cancel_of_retrying_jobs(app: App, worker: Any) -> None:
+    b = app.broker
+    ids = app.enqueue_many("later", [{"n": i} for i in range(5)])
+    worker()
+    wait_until(lambda: all(b.job_state("default", j) == "retry" for j in ids), timeout=30)
+    client, token = logged_in(app)
+    page = follow(client, client.post("/actions/later", data={"csrf": token, "op": "cancel", "queue": "default",
+                                                              "state": "retry", "all": "1"}).text)
+    assert 'data-done="5"' in page
+    assert all(b.job_state("default", j) is None for j in ids)
+
+
+def test_later_actions_need_the_token_and_the_csrf_value(app: App) -> None:
+    job = app.enqueue_many("quick", [{"n": 1}], delay_s=3600)[0]
+    anonymous = TestClient(create_app(app, token=TOKEN))
+    form = {"csrf": csrf(anonymous), "op": "run_now", "queue": "default", "state": "scheduled", "id": job}
+    assert anonymous.post("/actions/later", data=form).status_code == 403
+    client, token = logged_in(app)
+    assert client.post("/actions/later", data={**form, "csrf": "wrong"}).status_code == 403
+    bad = client.post("/actions/later", data={**form, "csrf": token, "all": "1", "after": "12x"})
+    assert bad.status_code == 400 and "after must be a time in milliseconds" in bad.text
+    assert app.broker.job_state("default", job) == "scheduled"
