@@ -303,25 +303,6 @@ def _payload(task: Task, args: tuple[Any, ...], fields: dict[str, Any]) -> Any:
     return {**named, **fields}
 
 
-class CancelFlag(threading.Event):
-    """A ``threading.Event`` whose lock is made when it is first set, cleared or waited on: a job's context
-    makes one per job and most are only ever read (``is_set``), so the worker saves a ``Condition`` per job."""
-
-    _making = threading.Lock()  # two threads touching a fresh flag at once get one Condition
-
-    def __init__(self) -> None:  # no super().__init__(): ``_cond`` comes from __getattr__ on first use
-        self._flag = False
-
-    def __getattr__(self, name: str) -> Any:
-        if name != "_cond":
-            raise AttributeError(name)
-        with CancelFlag._making:
-            cond = self.__dict__.get("_cond")
-            if cond is None:
-                cond = self.__dict__["_cond"] = threading.Condition(threading.Lock())
-        return cond
-
-
 @dataclass
 class JobContext:
     """What a handler learns about its job. ``cancelled`` is set when the worker wants the job to stop
@@ -335,7 +316,7 @@ class JobContext:
     enqueued_ms: float
     token: str
     timeout_s: float = 300.0
-    cancelled: threading.Event = field(default_factory=CancelFlag)
+    cancelled: threading.Event = field(default_factory=threading.Event)
     fencing: FenceWiring | None = None  # the worker's fence wiring (worker/fencing.py); None outside a worker
     fence_key: str | None = None  # the latest fence opened ("subject/step"), stamped on log lines
     settling: bool = False  # attempts used up by orphaned runs: only steps in doubt may be settled
