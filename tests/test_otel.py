@@ -198,9 +198,8 @@ def test_enqueue_on_commit_keeps_the_callers_context(traced: Traced, tmp_path: P
 
 def test_the_outbox_relay_keeps_the_writers_context(traced: Traced, spawn_worker: Any) -> None:
     m = traced.mod
-    with traced.tracer.start_as_current_span("request") as request:
-        with m.app.fence_store.engine.begin() as conn:
-            job = m.hello.enqueue_in(conn, n=4)
+    with traced.tracer.start_as_current_span("request") as request, m.app.fence_store.engine.begin() as conn:
+        job = m.hello.enqueue_in(conn, n=4)
     create = traced.sent(job)
     assert (create.name, create.kind.name, create.attributes["messaging.operation.type"]) == (
         "create default", "PRODUCER", "create")
