@@ -47,7 +47,16 @@ def overview(app: App) -> dict[str, Any]:
                                  [("latency", [round(v / 1000, 1) for v in lat], "s-lat")], left, unit="s",
                                  totals=False))
     return {"queues": rows, "charts": charts, "environment": broker.environment(),
-            "tasks": task_rows(broker.servers())}
+            "tasks": task_rows(broker.servers()), "in_doubt": in_doubt_count(app)}
+
+
+IN_DOUBT_SHOWN = 200  # the overview counts in-doubt steps up to this many ("200 or more")
+
+
+def in_doubt_count(app: App) -> int | None:
+    """In-doubt fence steps, read up to IN_DOUBT_SHOWN + 1 rows (None: no fence database)."""
+    store = app.fence_store_in_use()
+    return None if store is None else len(store.list(state="in_doubt", limit=IN_DOUBT_SHOWN + 1))
 
 
 def task_page(app: App, queue: str, task: str) -> dict[str, Any] | None:
@@ -96,7 +105,7 @@ def servers(app: App) -> list[dict[str, Any]]:
 def fences(app: App) -> dict[str, Any]:
     store = app.fence_store_in_use()
     if store is None:
-        return {"store": False, "counts": {}, "in_doubt": [], "errors": {}}
+        return {"store": False, "counts": {}, "in_doubt": [], "errors": {}, "requests": {}}
     from ringfence import inspect
     from ringfence.fence.reads import state_counts
 
@@ -106,7 +115,8 @@ def fences(app: App) -> dict[str, Any]:
         dead = inspect.find_dead(app.broker, owner)
         if dead is not None:
             errors[owner] = dead.error
-    return {"store": True, "counts": state_counts(store), "in_doubt": rows, "errors": errors}
+    requests = {(r.subject, r.step): _decoded(r.request) for r in rows if r.request is not None}
+    return {"store": True, "counts": state_counts(store), "in_doubt": rows, "errors": errors, "requests": requests}
 
 
 class DoctorView:
