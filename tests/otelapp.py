@@ -10,7 +10,7 @@ from pathlib import Path
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 
 from ringfence import RetryPolicy
 from ringfence.contrib.otel import RingfenceInstrumentor
@@ -33,7 +33,11 @@ class FileExporter(SpanExporter):
 
 if os.environ.get("OTEL_SPANS_FILE"):
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(FileExporter(os.environ["OTEL_SPANS_FILE"])))
+    exporter = FileExporter(os.environ["OTEL_SPANS_FILE"])
+    if os.environ.get("OTEL_BATCH"):  # exported only when the process exits (the SDK's exit hook flushes)
+        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=600_000))
+    else:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
     RingfenceInstrumentor().instrument(tracer_provider=provider)
     tracer = provider.get_tracer("otelapp")
 else:

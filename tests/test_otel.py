@@ -184,6 +184,17 @@ def test_fence_steps_are_child_spans_and_in_doubt_an_event(traced: Traced, spawn
     assert step3["status"]["status_code"] == "ERROR"
 
 
+def test_a_worker_stopped_by_sigterm_flushes_its_batched_spans(traced: Traced, spawn_worker: Any) -> None:
+    m = traced.mod
+    job = m.hello.enqueue(n=5)
+    w = spawn_worker("--app", "otelapp:app", env={**traced.env(), "OTEL_BATCH": "1"})
+    wait_until(lambda: (traced.tmp / "hello5").exists(), timeout=30)
+    assert traced.worker_spans() == []  # held by the BatchSpanProcessor
+    _stop(w)
+    [process] = traced.process_spans(job, 1)
+    assert _child_of(process, traced.sent(job))
+
+
 def test_enqueue_on_commit_keeps_the_callers_context(traced: Traced, tmp_path: Path) -> None:
     m = traced.mod
     engine = create_engine(f"sqlite:///{tmp_path / 'app.db'}")
