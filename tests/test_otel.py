@@ -195,6 +195,16 @@ def test_a_worker_stopped_by_sigterm_flushes_its_batched_spans(traced: Traced, s
     assert _child_of(process, traced.sent(job))
 
 
+def test_a_worker_replacing_itself_flushes_its_batched_spans_first(traced: Traced, spawn_worker: Any) -> None:
+    m = traced.mod
+    job = m.hello.enqueue(n=6)
+    w = spawn_worker("--app", "otelapp:app", "--max-jobs-per-child", "1", env={**traced.env(), "OTEL_BATCH": "1"})
+    [process] = traced.process_spans(job, 1)  # exported before the worker executed itself again (no exit hooks)
+    assert w.proc.poll() is None  # the same process, its new image serving
+    _stop(w)
+    assert _child_of(process, traced.sent(job))
+
+
 def test_enqueue_on_commit_keeps_the_callers_context(traced: Traced, tmp_path: Path) -> None:
     m = traced.mod
     engine = create_engine(f"sqlite:///{tmp_path / 'app.db'}")

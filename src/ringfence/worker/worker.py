@@ -351,6 +351,7 @@ def run_worker(app: App, queues: list[tuple[str, int]] | None = None, *, concurr
                     summary_s=summary_s, recycle=recycle)
     alone = not supervised()
     code = run_loop(worker.run())
+    worker.processor.observers.leaving()  # the exits below (exec, os._exit) skip the exit hooks
     # The loop gave the signals back to their defaults: a second signal during the rest of the exit (threads,
     # interpreter teardown, slow under load) must still mean "exit at once" with its code, not death by signal.
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -24,8 +24,9 @@ class TraceObserver(Observer):
     ``link_ttl_s``: how long a job's first run is remembered in Redis for the links of its retries and replays
     (0: no links, no Redis call)."""
 
-    def __init__(self, tracer: Tracer, link_ttl_s: float) -> None:
+    def __init__(self, tracer: Tracer, link_ttl_s: float, provider: Any) -> None:
         self.tracer = tracer
+        self.provider = provider  # an SDK provider has force_flush; the API's default one has not
         self.link_ttl_s = link_ttl_s
         self.spans: dict[int, Span] = {}  # id() of the attempt's Fetched (held until ``ran``) -> its span
 
@@ -51,6 +52,11 @@ class TraceObserver(Observer):
                 await self._link(task, job, span, verdict)
         finally:
             span.end()
+
+    def leaving(self) -> None:
+        flush = getattr(self.provider, "force_flush", None)
+        if flush is not None:
+            flush(5000)
 
     async def _link(self, task: Task, job: Fetched, span: Span, verdict: Verdict) -> None:
         """Link this run to the job's first run: remembered once a run fails (a retry or a replay may follow),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from opentelemetry.trace import TracerProvider, get_tracer
+from opentelemetry.trace import TracerProvider, get_tracer, get_tracer_provider
 
 from ringfence import client as producer_hooks
 from ringfence.client import Client
@@ -43,7 +43,7 @@ class RingfenceInstrumentor:
             setattr(Client, name, producer.traced(tracer, name, original))
         producer_hooks.Tracing.fields = names.spec_fields
         step_hooks.Tracing.tracer = StepSpans(tracer)
-        cls._observer = TraceObserver(tracer, link_ttl_s)
+        cls._observer = TraceObserver(tracer, link_ttl_s, tracer_provider or get_tracer_provider())
         observers.INSTALLED.append(cls._observer)
 
     def uninstrument(self) -> None:

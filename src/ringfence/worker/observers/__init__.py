@@ -12,6 +12,8 @@ nothing of what they do:
     finished(task, queue, outcome, s)    the verdict is being recorded (an attempt that started only)
     dead(dead_job, spec)        [async]  the job reached the Redis dead-letter
     unreadable(job, spec, why, counter)  [async]  a job no worker could read for longer than ``grace_s``
+    leaving()                            the process is about to end or exec itself again without its exit
+                                         hooks (``os._exit``, ``os.execv``): flush what is buffered
 
 An observer overrides what it needs; only overridden hooks are called, so a worker without breakers or
 hooks pays nothing for them per job. An observer's error in ``dead`` is logged by the observer itself and
@@ -54,6 +56,9 @@ class Observer:
         return None
 
     async def unreadable(self, job: Fetched, spec: JobSpec, why: str, counter: str, age_s: float) -> None:
+        return None
+
+    def leaving(self) -> None:
         return None
 
 
@@ -115,3 +120,8 @@ class Observers:
     async def unreadable(self, job: Fetched, spec: JobSpec, why: str, counter: str, age_s: float) -> None:
         for hook in self._unreadable:
             await hook(job, spec, why, counter, age_s)
+
+    def leaving(self) -> None:
+        for o in self.all:
+            if _overrides(o, "leaving"):
+                o.leaving()
