@@ -6,7 +6,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from ringfence.dashboard.charts import buckets, line_chart
+from ringfence.dashboard.charts import buckets, line_chart, minute_labels
 from ringfence.dashboard.tasks import history, task_rows
 from ringfence.inspect import queue_gauges
 
@@ -35,17 +35,7 @@ def overview(app: App) -> dict[str, Any]:
             "processed": g["stats"].get("processed", 0), "failed": g["stats"].get("failed", 0),
             "latency_s": round(g["latency_s"], 1),
         })
-    charts = []
-    for label, minutes, step, left in (("last hour", 60, 1, "-60 min"), ("last day", 1440, 15, "-24 h")):
-        per = f"per {'minute' if step == 1 else f'{step} minutes'}"
-        charts.append(line_chart(f"Throughput, {label} ({per})",
-                                 [("processed", buckets(total, "p", minute, minutes, step), "s-ok")], left))
-        charts.append(line_chart(f"Failures, {label} ({per})",
-                                 [("failed attempts", buckets(total, "f", minute, minutes, step), "s-bad")], left))
-        lat = buckets(total, "l", minute, minutes, step, peak=True)
-        charts.append(line_chart(f"Latency, {label} (oldest pending, worst queue, s)",
-                                 [("latency", [round(v / 1000, 1) for v in lat], "s-lat")], left, unit="s",
-                                 totals=False))
+    charts = minute_charts(total, minute, "worst queue")
     return {"queues": rows, "charts": charts, "environment": broker.environment(),
             "tasks": task_rows(broker.servers()), "in_doubt": in_doubt_count(app)}
 
@@ -59,18 +49,49 @@ def in_doubt_count(app: App) -> int | None:
     return None if store is None else len(store.list(state="in_doubt", limit=IN_DOUBT_SHOWN + 1))
 
 
+def minute_charts(counts: dict[str, int], minute: int, which: str) -> list[Any]:
+    """Throughput, failures and latency over the last hour (per minute) and day (per 15 minutes) from a
+    ``P:minutes`` hash (or the sum of several; ``which``: whose latency it is)."""
+    charts = []
+    for label, minutes, step in (("last hour", 60, 1), ("last day", 1440, 15)):
+        per, times = f"per {'minute' if step == 1 else f'{step} minutes'}", minute_labels(minute, minutes, step)
+        left = "-60 min" if step == 1 else "-24 h"
+        charts.append(line_chart(f"Throughput, {label} ({per})",
+                                 [("processed", buckets(counts, "p", minute, minutes, step), "s-ok")], left,
+                                 labels=times))
+        charts.append(line_chart(f"Failures, {label} ({per})",
+                                 [("failed attempts", buckets(counts, "f", minute, minutes, step), "s-bad")], left,
+                                 labels=times))
+        lat = buckets(counts, "l", minute, minutes, step, peak=True)
+        charts.append(line_chart(f"Latency, {label} (oldest pending, {which}, s)",
+                                 [("latency", [round(v / 1000, 1) for v in lat], "s-lat")], left, unit="s",
+                                 totals=False, labels=times))
+    return charts
+
+
+def queue_charts(app: App, queue: str) -> list[Any]:
+    """One queue's charts; its live latency counts for the current minute (a queue no worker serves)."""
+    minute = app.broker.clock() // 60_000
+    counts = dict(app.broker.minutes(queue))
+    live = round(queue_gauges(app.broker, queue)["latency_s"] * 1000)
+    counts[f"l{minute}"] = max(counts.get(f"l{minute}", 0), live)
+    return minute_charts(counts, minute, queue)[:3]
+
+
 def task_page(app: App, queue: str, task: str) -> dict[str, Any] | None:
     """One task type in one queue: its row of the overview and its last hour per minute (None: no live worker
     has run it)."""
     row = next((r for r in task_rows(app.broker.servers()) if r["queue"] == queue and r["task"] == task), None)
     if row is None:
         return None
-    h = history(row, app.broker.clock() // 60_000)
+    minute = app.broker.clock() // 60_000
+    h, times = history(row, minute), minute_labels(minute, 60, 1)
     charts = [line_chart("Attempts finished, last hour (per minute)", [("finished", h["finished"], "s-ok")],
-                         "-60 min"),
-              line_chart("Failed attempts, last hour (per minute)", [("failed", h["failed"], "s-bad")], "-60 min"),
+                         "-60 min", labels=times),
+              line_chart("Failed attempts, last hour (per minute)", [("failed", h["failed"], "s-bad")], "-60 min",
+                         labels=times),
               line_chart("Run time p95, last hour (per minute, s)", [("p95", h["p95"], "s-lat")], "-60 min",
-                         unit="s", totals=False)]
+                         unit="s", totals=False, labels=times)]
     return {"row": row, "charts": charts}
 
 
