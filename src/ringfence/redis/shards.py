@@ -38,7 +38,7 @@ class ShardReaders:
                 self.failing.pop(name, None)
         for name, node_pubsub in mapping.items():
             if name not in self._readers:
-                task = asyncio.create_task(self._read(name), name=f"wake-reader {name}")
+                task = asyncio.create_task(self._read(name, node_pubsub), name=f"wake-reader {name}")
                 self._readers[name] = (node_pubsub, task)
 
     def take(self) -> list[dict[str, Any]]:
@@ -46,9 +46,11 @@ class ShardReaders:
         self.arrived.clear()
         return out
 
-    async def _read(self, name: str) -> None:
+    async def _read(self, name: str, node_pubsub: Any) -> None:
         node = _Node(name)
-        while True:
+        # Until redis-py drops or replaces this node's subscription (a failover moved its channels): a read of a
+        # node it no longer maps returns at once, without yielding to the event loop.
+        while self.pubsub.node_pubsub_mapping.get(name) is node_pubsub:
             try:
                 msg = await self.pubsub.get_sharded_message(ignore_subscribe_messages=True, timeout=READ_S,
                                                             target_node=node)
@@ -62,6 +64,9 @@ class ShardReaders:
             if msg is not None:
                 self.inbox.append(msg)
                 self.arrived.set()
+            else:
+                await asyncio.sleep(0)  # a read that returned without waiting must not starve the loop
+        self.failing.pop(name, None)
 
     async def close(self) -> None:
         for _, task in self._readers.values():

@@ -107,15 +107,23 @@ class Heartbeat(Loop):
         }
 
     async def tick(self) -> None:
+        failed: BaseException | None = None
         try:
             await self.extend_leases()
         except UNAVAILABLE as exc:
             # Once more at once, on a fresh connection: a hung socket must not cost the leases a whole beat.
             self.broker.health.lost(exc)
-            await self.extend_leases()
+            try:
+                await self.extend_leases()
+            except UNAVAILABLE as again:
+                if not self.broker.cluster:
+                    raise
+                failed = again  # one node down: the registry entry is still refreshed, then the loop reports it
         await self.broker.aping()  # re-measures the offset to the Redis clock
         await self.register()
         await self.sample_latency()
+        if failed is not None:
+            raise failed
 
     async def sample_latency(self) -> None:
         """Age of each served queue's oldest pending job, kept per minute for the dashboard's charts (a cost per
