@@ -428,16 +428,34 @@ class FenceStore:
 
     # --- a job that leaves the queue -------------------------------------------------------
 
-    def owned(self, job_id: str, *, in_doubt: bool = False) -> builtins.list[FenceRow]:
+    def owned(self, job_id: str, *, in_doubt: bool = False, claimed: bool = False) -> builtins.list[FenceRow]:
         """Steps past capture (``calling``/``effected``) that job ``job_id`` owns; with ``in_doubt``, also the
-        steps parked ``in_doubt`` while it owned them (the dead-letter names them all).
+        steps parked ``in_doubt`` while it owned them (the dead-letter names them all); with ``claimed``, also its
+        ``claimed`` steps (the dead-letter fences them out).
 
         Read through the state index: these states are transient or wait for a person, so few rows match.
         """
         t = self.table
         states = (*_PAST_CAPTURE, FenceState.IN_DOUBT.value) if in_doubt else _PAST_CAPTURE
+        states = (*states, FenceState.CLAIMED.value) if claimed else states
         q = self._select().where(t.c.state.in_(states), t.c.owner_job_id == job_id).order_by(t.c.id)
         return self._read(lambda conn: [_row(m) for m in conn.execute(q).mappings()])
+
+    def fence_out(self, row: FenceRow, owner: Owner) -> bool:
+        """A ``claimed`` step of a job leaving for dead-letter: epoch+1 with ``owner`` and its lease over, so an
+        earlier attempt still running can no longer mark it calling. False: it moved on from ``claimed``."""
+        t = self.table
+        stmt = update(t).where(self._key(row.subject, row.step), t.c.epoch == row.epoch,
+                               t.c.state == FenceState.CLAIMED.value).values(
+            epoch=t.c.epoch + 1, owner_job_id=owner.job_id, owner_token=owner.token, lease_until=db_now(),
+            updated_at=db_now())
+        mine = {"owner_job_id": owner.job_id, "owner_token": owner.token}
+
+        def attempt(conn: Connection, retried: bool) -> bool:
+            return conn.execute(stmt).rowcount == 1 or (
+                retried and self._holds(conn, row.subject, row.step, row.epoch + 1, mine))
+
+        return self._write("fence out", attempt)
 
     # --- operations by a person -------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ringfence.errors import FencedOut
 from ringfence.fence import DbRetry, Fences, FenceState, Owner
 from ringfence.fence.dbretry import is_transient
-from ringfence.fence.model import step_note
+from ringfence.fence.model import FenceRow, step_note
 from ringfence.models import Fetched
 from ringfence.redis.broker import Broker
 from ringfence.redis.connection import UNAVAILABLE
@@ -103,12 +103,15 @@ class Fencing:
 
     def _leaving(self, store: Any, job: Fetched) -> tuple[list[str], bool]:
         notes, in_doubt = [], False
-        for row in store.owned(job.id, in_doubt=True):
+        for found in store.owned(job.id, in_doubt=True, claimed=True):
+            row = self._fence_out(store, job, found) if found.state is FenceState.CLAIMED else found
+            if row is None:
+                continue
             if row.state is FenceState.IN_DOUBT:  # parked by an earlier attempt whose dead-letter did not happen
                 notes.append(step_note(row, job.id))
                 in_doubt = True
                 continue
-            if row.owner_token != job.token and row.owner_token and self._alive(job.id, row.owner_token):
+            if self._held(job, row):
                 continue
             if row.state is FenceState.CALLING:
                 try:
@@ -118,6 +121,20 @@ class Fencing:
                 in_doubt = True
             notes.append(step_note(row, job.id))
         return notes, in_doubt
+
+    def _held(self, job: Fetched, row: FenceRow) -> bool:
+        """Is the step held by another attempt of the job whose lease is live (running, not lapsed)?"""
+        return bool(row.owner_token != job.token and row.owner_token and self._alive(job.id, row.owner_token))
+
+    def _fence_out(self, store: Any, job: Fetched, row: FenceRow) -> FenceRow | None:
+        """A ``claimed`` step: an attempt whose lease lapsed may still run its handler (a sync thread) and would
+        mark it calling and call behind the dead job; the epoch moves on so it cannot. Returns the row to name
+        when it went past claimed meanwhile, else None."""
+        if self._held(job, row) or store.fence_out(row, Owner(job.id, job.token, lease_s=self.settings.lease_s)):
+            return None
+        now: FenceRow | None = store.get(row.subject, row.step)
+        moved = now is not None and now.owner_job_id == job.id and now.state in _NAMED
+        return now if moved else None
 
     def _alive(self, job_id: str, token: str) -> bool:
         """``alive``, riding out a Redis restart (refused, LOADING) for up to a lease."""
@@ -132,6 +149,9 @@ class Fencing:
                     raise
                 self.broker.health.lost(exc)
                 time.sleep(delay)
+
+
+_NAMED = (FenceState.CALLING, FenceState.EFFECTED, FenceState.IN_DOUBT)  # the states a dead job names
 
 
 def transient(exc: BaseException) -> bool:
