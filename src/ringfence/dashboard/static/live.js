@@ -14,6 +14,16 @@
     if (document.execCommand("copy")) done();
     t.remove();
   });
+  // Each cell carries its column's name: a phone shows a table row as a card of "name: value" lines (style.css).
+  function label(root) {
+    root.querySelectorAll("table").forEach(function (t) {
+      var heads = Array.prototype.map.call(t.querySelectorAll("thead th"), function (th) { return th.textContent.trim(); });
+      t.querySelectorAll("tbody tr").forEach(function (tr) {
+        Array.prototype.forEach.call(tr.children, function (td, i) { if (heads[i]) td.setAttribute("data-label", heads[i]); });
+      });
+    });
+  }
+  label(document);
   var body = document.body;
   var every = parseFloat(body.getAttribute("data-refresh") || "5") * 1000;
   var page = body.getAttribute("data-page");
@@ -30,7 +40,7 @@
     if (!main || document.hidden || busy(main)) return;
     fetch(location.href, { headers: { "X-Partial": "1" }, credentials: "same-origin" })
       .then(function (r) { return r.ok ? r.text() : null; })
-      .then(function (html) { if (html !== null && !busy(main)) { main.innerHTML = html; } })
+      .then(function (html) { if (html !== null && !busy(main)) { main.innerHTML = html; label(main); } })
       .catch(function () { /* offline for a moment: the next tick tries again */ });
   }, every);
 })();

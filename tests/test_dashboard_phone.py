@@ -1,0 +1,80 @@
+"""Every page at phone width (390 px, Chromium): nothing scrolls the page sideways and no table, fence card or
+chart is wider than the screen; the job page's copy button copies the redacted payload. With
+RINGFENCE_DOC_SHOTS=1 it also writes the screenshots of docs/dashboard.md (docs/img/)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from support import ROOT, wait_until
+from test_dashboard_browser import Env, browser, env, login, worker  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.slow
+DOCS = ROOT / "docs" / "img"
+
+WIDER = """() => {
+  const out = [];
+  for (const el of document.querySelectorAll("table, article, figure, pre, form, dl, .scroll, h1, p")) {
+    const r = el.getBoundingClientRect();
+    if (r.width && (r.right > innerWidth + 1 || el.scrollWidth > el.clientWidth + 1) && el.tagName !== "PRE")
+      out.push(el.tagName + "." + el.className + " " + Math.round(r.right) + "/" + el.scrollWidth);
+  }
+  return out;
+}"""
+
+
+def test_every_page_fits_a_phone(browser: Any, env: Env, worker: Callable[[], Any]) -> None:  # noqa: F811
+    from ringfence import jobs
+    from ringfence.fence import Owner
+
+    app, b = env.app, env.app.broker
+    env.r.set(f"{env.ns}:test:fail", 1)
+    dying = app.enqueue("flaky", n=1)
+    worker()
+    wait_until(lambda: b.job_state("default", dying) == "dead", timeout=30)
+    env.r.delete(f"{env.ns}:test:fail")
+    app.enqueue_many("noop", [{"n": i} for i in range(20)])
+    later = app.enqueue_many("noop", [{"n": 0, "card": "4111-1111-1111-1111"}], delay_s=3600)[0]
+    doubtful = app.enqueue_many("noop", [{"n": 1}], delay_s=3600)[0]
+    store = app.fence_store
+    store.capture("order:7", "charge", Owner(doubtful, "tok", 30.0), "h", None)
+    store.mark_calling("order:7", "charge", 1, json.dumps({"amount": 1250, "currency": "EUR",
+                                                            "customer_reference": "c" * 60}), 30.0)
+    jobs.cancel_job(app, doubtful)
+    wait_until(lambda: any(s.get("task_stats") for s in b.servers()), timeout=20)
+    url = env.dashboard()
+    pages = [("overview", "/"), ("servers", "/servers"), ("pending", "/queues/default/pending"),
+             ("dead", "/queues/default/dead"), ("scheduled", "/queues/default/scheduled"),
+             ("job", f"/jobs?id={later}"), ("dead-job", f"/jobs?id={dying}"), ("task", "/tasks/default/noop"),
+             ("fences", "/fences"), ("doctor", "/doctor"), ("search", "/queues/default/pending?payload=n%3D3")]
+    DOCS.mkdir(parents=True, exist_ok=True)
+    phone = browser.new_page(viewport={"width": 390, "height": 844})
+    login(phone, url)
+    for name, path in pages:
+        resp = phone.goto(url + path)
+        assert resp is not None and resp.status == 200, path
+        assert phone.evaluate("document.documentElement.scrollWidth") <= 390, name
+        assert phone.evaluate(WIDER) == [], name
+        if name in ("overview", "fences") and os.environ.get("RINGFENCE_DOC_SHOTS") == "1":
+            phone.screenshot(path=str(DOCS / f"dashboard-{name}-phone.png"))
+    phone.close()
+
+    context = browser.new_context(viewport={"width": 1100, "height": 760})
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=url)
+    page = context.new_page()
+    login(page, url)
+    page.goto(url + f"/jobs?id={later}")
+    page.click(f"button[data-copy='payload-{later}']")
+    page.wait_for_selector("button[data-copied='1']")
+    copied = json.loads(page.evaluate("navigator.clipboard.readText()"))
+    assert copied == {"n": 0, "card": "[redacted]"}
+    if os.environ.get("RINGFENCE_DOC_SHOTS") == "1":
+        for name, path in pages:
+            page.goto(url + path)
+            page.screenshot(path=str(DOCS / f"dashboard-{name}.png"))
+    context.close()
