@@ -41,6 +41,7 @@ SELECT order_id, charges, state, mismatch,
 FROM verdict;
 """
 
+EVENT_KINDS = ("redis-restart", "failover", "oom", "db-kill")  # the driver's timed events
 PID = "CAST(substr(q.caller, instr(q.caller, ':') + 1) AS INTEGER)"
 
 
@@ -53,7 +54,7 @@ def touched_sql(kind: str, window_s: float) -> str:
     if kind in ("doomed", "duplicates"):
         col = "doomed" if kind == "doomed" else "dup"
         return f"SELECT DISTINCT order_id FROM jobs WHERE sent = 1 AND {col} = 1"
-    if kind in ("redis-restart", "oom", "db-kill"):
+    if kind in EVENT_KINDS:
         return (f"SELECT DISTINCT q.order_id FROM p.calls q JOIN events e ON e.kind = '{kind}' "
                 f"AND q.ts BETWEEN e.t0 AND e.t1 + {window_s}")
     if kind == "skew":
@@ -70,7 +71,7 @@ def injected_sql(kind: str) -> str:
         return f"SELECT count(*) FROM pids WHERE kind = '{pid_kind}'"
     if kind in ("doomed", "duplicates"):
         return f"SELECT count(*) FROM jobs WHERE sent = 1 AND {'doomed' if kind == 'doomed' else 'dup'} = 1"
-    if kind in ("redis-restart", "oom", "db-kill"):
+    if kind in EVENT_KINDS:
         return f"SELECT count(*) FROM events WHERE kind = '{kind}'"
     if kind == "skew":
         return "SELECT count(*) FROM p.calls WHERE caller LIKE 'skew:%'"

@@ -6,8 +6,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # Fault kinds, in the order the report lists them.
-KINDS = ("kill", "term", "points", "doomed", "duplicates", "redis-restart", "oom", "db-kill", "skew",
+KINDS = ("kill", "term", "points", "doomed", "duplicates", "redis-restart", "failover", "oom", "db-kill", "skew",
          "provider-5xx", "provider-hang", "provider-drop", "slow-hook")
+TOPOLOGIES = ("single", "sentinel")
 DESCRIPTIONS = {
     "kill": "SIGKILL a random worker (restarted at once)",
     "term": "SIGTERM a random worker (graceful restart; its exit time is measured)",
@@ -15,6 +16,7 @@ DESCRIPTIONS = {
     "doomed": "orders whose worker dies right after the provider's answer on every attempt (dead owner)",
     "duplicates": "orders enqueued twice (two job ids, one order)",
     "redis-restart": "restart the private Redis (AOF, appendfsync always); every other one by SIGKILL",
+    "failover": "SIGKILL the Redis master (Sentinel: the replica promoted, the old master back as a replica)",
     "oom": "CONFIG SET maxmemory just above used memory for a while (noeviction), then release",
     "db-kill": "terminate the run's database connections (pg_terminate_backend / KILL)",
     "skew": "one worker's clock runs ahead (libfaketime)",
@@ -31,6 +33,8 @@ class ChaosConfig:
     workers: int = 4
     concurrency: int = 8
     db: str = "postgresql"
+    redis: str = "single"          # single, sentinel
+    durable: bool = False          # enqueue with durable=True (a replica confirms each batch)
     max_seconds: float = 300.0
     chaos_seconds: float | None = None  # faults stop after this (default: 60 % of max_seconds), then drain
     faults: frozenset[str] = field(default_factory=lambda: frozenset(KINDS))
@@ -46,6 +50,7 @@ class ChaosConfig:
     doomed_rate: float = 0.005
     dup_rate: float = 0.10
     redis_restart_every_s: float = 20.0
+    failover_every_s: float = 20.0
     oom_every_s: float = 20.0
     oom_hold_s: float = 4.0
     db_kill_every_s: float = 5.0
@@ -70,6 +75,10 @@ class ChaosConfig:
             out.append("--orders, --workers and --concurrency must be >= 1")
         if self.db not in ("sqlite", "postgresql", "mariadb"):
             out.append(f"--db {self.db!r}: one of sqlite, postgresql, mariadb")
+        if self.redis not in TOPOLOGIES:
+            out.append(f"--redis {self.redis!r}: one of {', '.join(TOPOLOGIES)}")
+        if self.durable and self.redis == "single":
+            out.append("--durable needs a replica: --redis sentinel")
         if self.on("skew") and self.workers < 2:
             out.append("skew needs --workers >= 2 (one skewed worker among healthy ones)")
         return out

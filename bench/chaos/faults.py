@@ -21,6 +21,15 @@ if TYPE_CHECKING:
     from bench.chaos.workers import Workers
 
 
+def applies(kind: str, cfg: ChaosConfig, db: ChaosDatabase) -> bool:
+    """A restart of the one Redis on a single server, a master kill on a Sentinel set; no db-kill on SQLite."""
+    if kind == "db-kill":
+        return db.kind != "sqlite"
+    if kind in ("redis-restart", "failover"):
+        return (kind == "failover") == (cfg.redis != "single")
+    return True
+
+
 @dataclass
 class Event:
     kind: str
@@ -42,8 +51,8 @@ class Chaos:
         start = time.monotonic()
         # First firings early, so that even a short run sees each fault at least once.
         periods = {"kill": cfg.kill_every_s, "term": cfg.term_every_s, "redis-restart": cfg.redis_restart_every_s,
-                   "oom": cfg.oom_every_s, "db-kill": cfg.db_kill_every_s}
-        self.every = {k: v for k, v in periods.items() if cfg.on(k) and not (k == "db-kill" and db.kind == "sqlite")}
+                   "failover": cfg.failover_every_s, "oom": cfg.oom_every_s, "db-kill": cfg.db_kill_every_s}
+        self.every = {k: v for k, v in periods.items() if cfg.on(k) and applies(k, cfg, db)}
         self.next_at = {k: start + min(v, 2.0 + 1.5 * i) for i, (k, v) in enumerate(self.every.items())}
 
     def start(self) -> None:
@@ -91,6 +100,11 @@ class Chaos:
             self._oom_until = None  # a restart forgets CONFIG SET; the OOM window ends with it
         down = self.stack.restart_redis(hard)
         return f"{'SIGKILL' if hard else 'SIGTERM'}, down {down:.2f}s"
+
+    def _failover(self) -> str:
+        if self._oom_until is not None:
+            self._oom_until = None  # the promoted replica has no maxmemory set; the OOM window ends with it
+        return self.stack.kill_master()
 
     def _oom(self) -> str | None:
         if self._oom_until is not None:

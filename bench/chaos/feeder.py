@@ -15,7 +15,8 @@ import redis
 
 from bench.chaos.app import QUEUE, RETRY
 from ringfence.app import App
-from ringfence.errors import RedisFull
+from ringfence.errors import BrokerError, RedisFull
+from ringfence.redis.replicas import run_replicated
 from ringfence.tasks import enqueue_options
 
 DOOMED_ATTEMPTS = 3  # a doomed order dies on every attempt: a few attempts are enough to orphan it for good
@@ -23,9 +24,10 @@ DOOMED_ATTEMPTS = 3  # a doomed order dies on every attempt: a few attempts are 
 
 class Feeder:
     def __init__(self, app: App, ledger: sqlite3.Connection, run_id: str, orders: int, batch: int,
-                 dup_rate: float, doomed_rate: float) -> None:
+                 dup_rate: float, doomed_rate: float, durable: bool = False) -> None:
         self.app, self.ledger, self.run_id = app, ledger, run_id
         self.orders, self.batch, self.dup_rate, self.doomed_rate = orders, batch, dup_rate, doomed_rate
+        self.durable = durable  # each batch confirmed by a replica (WAIT) before it counts as enqueued
         self.next_order = 1
         self.dups: list[int] = []        # orders whose second copy goes out with the next batch
         self.pending: list[tuple[str, int, bool, bool]] | None = None  # a batch not yet accepted by Redis
@@ -72,7 +74,7 @@ class Feeder:
         except RedisFull:
             self.refused_full += 1
             return
-        except redis.RedisError:
+        except (redis.RedisError, BrokerError):  # down, failing over, not replicated in time: sent again
             self.refused += 1
             return
         self.ledger.executemany("UPDATE jobs SET sent = 1 WHERE job_id = ?", [(r[0],) for r in self.pending])
@@ -89,4 +91,8 @@ class Feeder:
             opts = enqueue_options(job_id=job_id, max_attempts=DOOMED_ATTEMPTS if doomed else RETRY.max_attempts)
             prepared.append(client.prepare(self.tasks[provider], payload, opts))
         broker.register_queues([QUEUE])
-        broker.run(broker.enqueue(QUEUE, [p[1:] for p in prepared]))
+        call = broker.enqueue(QUEUE, [p[1:] for p in prepared])
+        if self.durable:
+            run_replicated(broker, call, 1, int(self.app.replica_timeout_s * 1000))
+        else:
+            broker.run(call)

@@ -54,7 +54,7 @@ class ChaosRun:
     # -- setup ------------------------------------------------------------------------------------
     def _setup(self) -> tuple[Feeder, sqlite3.Connection]:
         cfg = self.cfg
-        redis_url = self.stack.start_redis()
+        redis_url = self.stack.start_redis(cfg.redis)
         provider_url = self.stack.start_provider()
         self.db.create()
         engine = self.db.engine()
@@ -81,7 +81,7 @@ class ChaosRun:
         ledger = sqlite3.connect(os.path.join(self.stack.root, "ledger.db"))
         feeder = Feeder(self.app, ledger, self.run_id, cfg.orders, cfg.batch,
                         cfg.dup_rate if cfg.on("duplicates") else 0.0,
-                        cfg.doomed_rate if cfg.on("doomed") else 0.0)
+                        cfg.doomed_rate if cfg.on("doomed") else 0.0, cfg.durable)
         return feeder, ledger
 
     # -- the run ----------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any
 
 import redis
 
+from bench.chaos.topology import SentinelSet
 from ringfence.redis.embedded import EmbeddedRedis, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,11 +54,19 @@ class Stack:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     redis_port: int = 0
     redis_server: EmbeddedRedis | None = None
+    sentinel: SentinelSet | None = None
 
     # -- Redis ------------------------------------------------------------------------------------
-    def start_redis(self) -> str:
+    def start_redis(self, topology: str = "single") -> str:
+        if topology == "sentinel":
+            self.sentinel = SentinelSet(self.root)
+            return self.sentinel.url
         self.redis_port = free_port()
         return self._redis_up()
+
+    def kill_master(self) -> str:
+        assert self.sentinel is not None
+        return self.sentinel.kill_master()
 
     def _redis_up(self) -> str:
         self.redis_server = EmbeddedRedis(os.path.join(self.root, "redis"), port=self.redis_port, extra=AOF).start()
@@ -78,6 +87,9 @@ class Stack:
         return time.monotonic() - started
 
     def redis_client(self) -> redis.Redis:
+        """A client of the master (the current one, on a Sentinel set)."""
+        if self.sentinel is not None:
+            return self.sentinel.client()
         return redis.Redis(host="127.0.0.1", port=self.redis_port, socket_timeout=5, socket_connect_timeout=2)
 
     # -- processes --------------------------------------------------------------------------------
@@ -117,6 +129,9 @@ class Stack:
         if self.redis_server is not None:
             self.redis_server.stop()
             self.redis_server = None
+        if self.sentinel is not None:
+            self.sentinel.stop()
+            self.sentinel = None
         if not self.keep_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
