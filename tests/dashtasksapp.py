@@ -12,8 +12,8 @@ app = worker_app(retry=RetryPolicy(max_attempts=1))
 
 
 @app.task(name="quick")
-def quick(ctx, n: int) -> None:
-    return None
+def quick(ctx, n: int, **kw: object) -> int:
+    return n
 
 
 @app.task(name="slow")

@@ -68,12 +68,6 @@ def build(app: App, *, read_only: bool, token: str | None, authorize: Any, redac
         return d.render(request, "fences.html", page="fences", replay=dead if dead and dead.state == "dead" else None,
                         **views.fences(app))
 
-    def task(request: Request) -> Response:
-        queue, name = request.path_params["queue"], request.path_params["task"]
-        found = views.task_page(app, queue, name)
-        return d.render(request, "task.html", page="overview", queue=queue, task=name, found=found,
-                        status=200 if found else 404)
-
     def doctor(request: Request) -> Response:
         return d.render(request, "doctor.html", page="doctor", findings=d.doctor.findings(app))
 
@@ -87,10 +81,36 @@ def build(app: App, *, read_only: bool, token: str | None, authorize: Any, redac
     routes = [
         Route("/", overview), Route("/servers", servers), Route("/jobs", job),
         Route("/queues/{queue}/{state}", browse), Route("/fences", fences), Route("/doctor", doctor),
-        Route("/fences/reconcile", reconcile), Route("/tasks/{queue}/{task}", task),
+        Route("/fences/reconcile", reconcile), Route("/tasks/{queue}/{task}", _page(d, _task)),
+        Route("/workflows", _page(d, _workflow)),
         *actions.routes(d), Mount("/static", static, name="static"),
     ]
     def bad_input(request: Request, exc: Exception) -> Response:
         return d.render(request, "error.html", status=400, page="error", error=f"refused: {exc}")
 
     return Starlette(routes=routes, exception_handlers={BadInput: bad_input})
+
+
+def _page(d: Dashboard, fn: Any) -> Any:
+    def endpoint(request: Request) -> Response:
+        return fn(d, request)  # type: ignore[no-any-return]
+    return endpoint
+
+
+def _task(d: Dashboard, request: Request) -> Response:
+    queue, name = request.path_params["queue"], request.path_params["task"]
+    found = views.task_page(d.app, queue, name)
+    return d.render(request, "task.html", page="overview", queue=queue, task=name, found=found,
+                    status=200 if found else 404)
+
+
+def _workflow(d: Dashboard, request: Request) -> Response:
+    from ringfence.errors import ConfigError
+
+    wid = request.query_params.get("id", "").strip()
+    try:
+        found = d.app.workflow(wid) if wid else None
+    except ConfigError as exc:
+        raise BadInput(str(exc)) from exc
+    return d.render(request, "workflow.html", page="workflows", wid=wid, wf=found,
+                    status=404 if wid and found is None else 200)
