@@ -20,7 +20,7 @@ from pathlib import Path
 from ringfence.app import App
 
 JOBS = 100_000
-DEAD = 2_000
+DEAD = 10_000
 LOADS = 20
 
 # The per_minute function of ack.lua, called LOOPS times inside one script: its cost per call, server side.
@@ -135,7 +135,8 @@ def main() -> int:
                         time.sleep(0.1)
                 paths = ["/", "/queues/default/pending", f"/queues/default/pending?offset={JOBS - 50}",
                          "/queues/default/pending?task=bench.noop&min_age_s=1", "/queues/default/dead",
-                         f"/jobs?id={first}", "/servers", "/doctor"]
+                         f"/jobs?id={first}", "/servers", "/doctor", "/queues/default/pending?payload=n%3D99999",
+                         "/queues/default/dead?payload=n%3D7", "/queues/default/scheduled", "/fences"]
                 print(f"{'page':58} {'median ms':>10} {'max ms':>8}  ({LOADS} loads each)")
                 for path, med, worst in page_loads(url, paths):
                     print(f"{path:58} {med:10.1f} {worst:8.1f}")

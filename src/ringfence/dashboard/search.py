@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from ringfence.app import App
 
 PAGE = 50            # jobs shown per page
-CHUNK = 500          # jobs read per round trip while filtering
-BUDGET_S = 0.2       # time a filtered page may spend reading before it answers with what it has
+CHUNK = 250          # jobs read per round trip while filtering
+BUDGET_S = 0.15      # time a filtered page may spend reading before it answers with what it has
 _MISSING = object()
 
 
