@@ -219,6 +219,13 @@ def report(got: list[tuple[str, str, int, float]], producer: Producer, healthy: 
         int(max(at for *_, at in got) - t0) + 1)))
     gaps = [b - a for q in starts for a, b in zip(sorted(starts[q]), sorted(starts[q])[1:], strict=False)
             if killed - 1 < b and a < t0 + producer.seconds]
+    first: dict[str, float] = {}
+    for job_id, _, _, at in got:
+        first[job_id] = min(at, first.get(job_id, at))
+    lat = [first[j] - t for j, (q, t) in producer.acked.items() if q in healthy and j in first and t >= killed]
+    if lat:
+        print(f"healthy jobs enqueued after the kill, enqueue to start: p50 {pct(lat, 0.5):.3f}s p99 "
+              f"{pct(lat, 0.99):.3f}s max {max(lat):.3f}s ({len(lat)} jobs)")
     print(f"longest pause between starts on a healthy queue: {max(gaps, default=0):.2f}s; healthy jobs run as "
           f"attempt 2+: {orphans}; healthy jobs not run: "
           f"{sum(1 for j, (q, _) in producer.acked.items() if q in healthy and j not in count)}; "
