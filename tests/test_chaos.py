@@ -1,4 +1,5 @@
-"""``make chaos``, small: 200 orders through real workers while the driver breaks things (bench/chaos)."""
+"""``make chaos``, small: 200 orders through real workers while the driver breaks things (bench/chaos), on a single
+Redis, a Sentinel set and a Redis Cluster."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ pytestmark = pytest.mark.slow
 KINDS = tuple(k for k in ALL_KINDS if k != "skew" or faketime_available())
 
 
-TOPOLOGY = {  # the Redis each run uses, the extra arguments, the Redis fault that must have happened
-    "single": ((), "redis-restart"),
-    "sentinel": (("--redis", "sentinel", "--durable", "--failover-every-s", "10"), "failover"),
+TOPOLOGY = {  # the Redis each run uses: the extra arguments, the Redis faults that must have happened
+    "single": ((), ("redis-restart",)),
+    "sentinel": (("--redis", "sentinel", "--durable", "--failover-every-s", "10"), ("failover",)),
+    "cluster": (("--redis", "cluster", "--durable", "--failover-every-s", "12"), ("failover", "reshard")),
 }
 
 
@@ -30,7 +32,7 @@ def test_small_chaos_run_passes_every_check(tmp_path, topology: str) -> None:
     database_url("postgresql", tmp_path)  # skips (or fails in CI) when PostgreSQL does not answer
     if REQUIRE and "skew" not in KINDS:
         service_missing("libfaketime", "not installed (apt-get install faketime): the skew kind cannot run")
-    extra, redis_fault = TOPOLOGY[topology]
+    extra, redis_faults = TOPOLOGY[topology]
     argv = [sys.executable, "-m", "bench.chaos", "--json", "--orders", "200", "--workers", "3",
             "--concurrency", "4", "--db", "postgresql", "--max-seconds", "75", "--chaos-seconds", "40",
             "--faults", ",".join(KINDS), "--kill-every-s", "3", "--term-every-s", "8",
@@ -44,11 +46,11 @@ def test_small_chaos_run_passes_every_check(tmp_path, topology: str) -> None:
 
     faults = {f["kind"]: f for f in report["faults"]}
     assert set(faults) == set(KINDS)
-    for kind in ("kill", "duplicates", redis_fault, "oom", "db-kill"):  # the chaos did happen
+    for kind in ("kill", "duplicates", *redis_faults, "oom", "db-kill"):  # the chaos did happen
         assert faults[kind]["injected"] > 0, (kind, faults)
     assert sum(faults[f"provider-{k}"]["injected"] for k in ("5xx", "hang", "drop")) > 0, faults
     total = report["total"]
     # a doomed order's job may be dead before any call (charged 0 times, the check above says it is named)
     assert total["orders"] == 200 and total["charged_once"] + total["charged_0"] == 200 and total["charged_2plus"] == 0
     jobs = report["jobs"]
-    assert jobs["enqueued"] == jobs["acked"] + jobs["dead"] > 200  # the duplicates too; none lost (durable on Sentinel)
+    assert jobs["enqueued"] == jobs["acked"] + jobs["dead"] > 200  # the duplicates too; none lost

@@ -21,7 +21,7 @@ RATES = {  # option → help
     "doomed_rate": "share of orders whose worker dies after the provider's answer on every attempt",
     "dup_rate": "share of orders enqueued twice",
     "redis_restart_every_s": "mean seconds between restarts of the private Redis (--redis single)",
-    "failover_every_s": "mean seconds between SIGKILLs of the Redis master (--redis sentinel)",
+    "failover_every_s": "mean seconds between SIGKILLs of the Redis master (--redis sentinel|cluster)",
     "oom_every_s": "mean seconds between OOM windows", "oom_hold_s": "seconds an OOM window lasts",
     "db_kill_every_s": "mean seconds between terminations of the run's database connections",
     "skew_s": "clock offset of the skewed worker, seconds ahead",
@@ -43,7 +43,8 @@ def parse(argv: list[str] | None) -> tuple[ChaosConfig, bool]:
     p.add_argument("--concurrency", type=int, default=d.concurrency)
     p.add_argument("--db", default=d.db, choices=("sqlite", "postgresql", "mariadb"))
     p.add_argument("--redis", default=d.redis, choices=TOPOLOGIES,
-                   help="single: one redis-server; sentinel: 1 master, 1 replica, 3 sentinels")
+                   help="single: one redis-server; sentinel: 1 master, 1 replica, 3 sentinels; cluster: 3 masters "
+                        "with a replica each")
     p.add_argument("--durable", action="store_true", help="enqueue with durable=True (a replica confirms each batch)")
     p.add_argument("--max-seconds", type=float, default=d.max_seconds, help="bound of the whole run")
     p.add_argument("--chaos-seconds", type=float, default=None, help="faults stop after this (default 60%% of max)")

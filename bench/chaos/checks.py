@@ -41,7 +41,7 @@ SELECT order_id, charges, state, mismatch,
 FROM verdict;
 """
 
-EVENT_KINDS = ("redis-restart", "failover", "oom", "db-kill")  # the driver's timed events
+EVENT_KINDS = ("redis-restart", "failover", "reshard", "oom", "db-kill")  # the driver's timed events
 PID = "CAST(substr(q.caller, instr(q.caller, ':') + 1) AS INTEGER)"
 
 

@@ -6,9 +6,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # Fault kinds, in the order the report lists them.
-KINDS = ("kill", "term", "points", "doomed", "duplicates", "redis-restart", "failover", "oom", "db-kill", "skew",
-         "provider-5xx", "provider-hang", "provider-drop", "slow-hook")
-TOPOLOGIES = ("single", "sentinel")
+KINDS = ("kill", "term", "points", "doomed", "duplicates", "redis-restart", "failover", "reshard", "oom", "db-kill",
+         "skew", "provider-5xx", "provider-hang", "provider-drop", "slow-hook")
+TOPOLOGIES = ("single", "sentinel", "cluster")
 DESCRIPTIONS = {
     "kill": "SIGKILL a random worker (restarted at once)",
     "term": "SIGTERM a random worker (graceful restart; its exit time is measured)",
@@ -16,7 +16,9 @@ DESCRIPTIONS = {
     "doomed": "orders whose worker dies right after the provider's answer on every attempt (dead owner)",
     "duplicates": "orders enqueued twice (two job ids, one order)",
     "redis-restart": "restart the private Redis (AOF, appendfsync always); every other one by SIGKILL",
-    "failover": "SIGKILL the Redis master (Sentinel: the replica promoted, the old master back as a replica)",
+    "failover": "SIGKILL the Redis master (of the queue's slot on a cluster): its replica promoted, it comes back as a "
+                "replica",
+    "reshard": "cluster: redis-cli --cluster reshard of 100 slots of the queue's master, then the queue's own slot",
     "oom": "CONFIG SET maxmemory just above used memory for a while (noeviction), then release",
     "db-kill": "terminate the run's database connections (pg_terminate_backend / KILL)",
     "skew": "one worker's clock runs ahead (libfaketime)",
@@ -33,7 +35,7 @@ class ChaosConfig:
     workers: int = 4
     concurrency: int = 8
     db: str = "postgresql"
-    redis: str = "single"          # single, sentinel
+    redis: str = "single"          # single, sentinel, cluster
     durable: bool = False          # enqueue with durable=True (a replica confirms each batch)
     max_seconds: float = 300.0
     chaos_seconds: float | None = None  # faults stop after this (default: 60 % of max_seconds), then drain
@@ -78,7 +80,7 @@ class ChaosConfig:
         if self.redis not in TOPOLOGIES:
             out.append(f"--redis {self.redis!r}: one of {', '.join(TOPOLOGIES)}")
         if self.durable and self.redis == "single":
-            out.append("--durable needs a replica: --redis sentinel")
+            out.append("--durable needs a replica: --redis sentinel or cluster")
         if self.on("skew") and self.workers < 2:
             out.append("skew needs --workers >= 2 (one skewed worker among healthy ones)")
         return out

@@ -22,12 +22,13 @@ if TYPE_CHECKING:
 
 
 def applies(kind: str, cfg: ChaosConfig, db: ChaosDatabase) -> bool:
-    """A restart of the one Redis on a single server, a master kill on a Sentinel set; no db-kill on SQLite."""
+    """A restart of the one Redis on a single server, a master kill on Sentinel or a cluster, a reshard on a cluster;
+    no db-kill on SQLite."""
     if kind == "db-kill":
         return db.kind != "sqlite"
     if kind in ("redis-restart", "failover"):
         return (kind == "failover") == (cfg.redis != "single")
-    return True
+    return kind != "reshard" or cfg.redis == "cluster"  # once, early in the run
 
 
 @dataclass
@@ -51,7 +52,8 @@ class Chaos:
         start = time.monotonic()
         # First firings early, so that even a short run sees each fault at least once.
         periods = {"kill": cfg.kill_every_s, "term": cfg.term_every_s, "redis-restart": cfg.redis_restart_every_s,
-                   "failover": cfg.failover_every_s, "oom": cfg.oom_every_s, "db-kill": cfg.db_kill_every_s}
+                   "failover": cfg.failover_every_s, "reshard": 1e9, "oom": cfg.oom_every_s,
+                   "db-kill": cfg.db_kill_every_s}
         self.every = {k: v for k, v in periods.items() if cfg.on(k) and applies(k, cfg, db)}
         self.next_at = {k: start + min(v, 2.0 + 1.5 * i) for i, (k, v) in enumerate(self.every.items())}
 
@@ -105,6 +107,9 @@ class Chaos:
         if self._oom_until is not None:
             self._oom_until = None  # the promoted replica has no maxmemory set; the OOM window ends with it
         return self.stack.kill_master()
+
+    def _reshard(self) -> str:
+        return self.stack.reshard()
 
     def _oom(self) -> str | None:
         if self._oom_until is not None:

@@ -32,6 +32,7 @@ from bench.chaos.stack import REPO, Stack, faketime_available
 from bench.chaos.workers import Workers
 from ringfence.app import App
 from ringfence.fence import create_all
+from ringfence.redis.keys import Keys
 from ringfence.worker.worker import EXIT_RESTART
 
 Progress = Callable[[dict[str, Any]], None]
@@ -54,6 +55,7 @@ class ChaosRun:
     # -- setup ------------------------------------------------------------------------------------
     def _setup(self) -> tuple[Feeder, sqlite3.Connection]:
         cfg = self.cfg
+        self.stack.queue_key = Keys(self.namespace).queue(chaos_app.QUEUE).jobs
         redis_url = self.stack.start_redis(cfg.redis)
         provider_url = self.stack.start_provider()
         self.db.create()

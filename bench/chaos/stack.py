@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from bench.chaos.topology import SentinelSet
+from bench.chaos.topology import Cluster, SentinelSet
 from ringfence.redis.embedded import EmbeddedRedis, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,18 +55,29 @@ class Stack:
     redis_port: int = 0
     redis_server: EmbeddedRedis | None = None
     sentinel: SentinelSet | None = None
+    cluster: Cluster | None = None
+    queue_key: str = ""  # a key of the run's queue: on a cluster, the master of its slot is "the" Redis
 
     # -- Redis ------------------------------------------------------------------------------------
     def start_redis(self, topology: str = "single") -> str:
         if topology == "sentinel":
             self.sentinel = SentinelSet(self.root)
             return self.sentinel.url
+        if topology == "cluster":
+            self.cluster = Cluster(self.root)
+            return self.cluster.url
         self.redis_port = free_port()
         return self._redis_up()
 
     def kill_master(self) -> str:
+        if self.cluster is not None:
+            return self.cluster.kill_master(self.queue_key)
         assert self.sentinel is not None
         return self.sentinel.kill_master()
+
+    def reshard(self) -> str:
+        assert self.cluster is not None
+        return self.cluster.reshard(self.queue_key)
 
     def _redis_up(self) -> str:
         self.redis_server = EmbeddedRedis(os.path.join(self.root, "redis"), port=self.redis_port, extra=AOF).start()
@@ -90,6 +101,8 @@ class Stack:
         """A client of the master (the current one, on a Sentinel set)."""
         if self.sentinel is not None:
             return self.sentinel.client()
+        if self.cluster is not None:
+            return self.cluster.client(self.queue_key)
         return redis.Redis(host="127.0.0.1", port=self.redis_port, socket_timeout=5, socket_connect_timeout=2)
 
     # -- processes --------------------------------------------------------------------------------
@@ -132,6 +145,9 @@ class Stack:
         if self.sentinel is not None:
             self.sentinel.stop()
             self.sentinel = None
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
         if not self.keep_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
