@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from bench.chaos.config import KINDS as ALL_KINDS
@@ -28,7 +29,7 @@ TOPOLOGY = {  # the Redis each run uses: the extra arguments, the Redis faults t
 
 
 @pytest.mark.parametrize("topology", list(TOPOLOGY))
-def test_small_chaos_run_passes_every_check(tmp_path, topology: str) -> None:
+def test_small_chaos_run_passes_every_check(tmp_path: Path, topology: str) -> None:
     database_url("postgresql", tmp_path)  # skips (or fails in CI) when PostgreSQL does not answer
     if REQUIRE and "skew" not in KINDS:
         service_missing("libfaketime", "not installed (apt-get install faketime): the skew kind cannot run")
