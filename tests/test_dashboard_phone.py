@@ -46,12 +46,18 @@ def test_every_page_fits_a_phone(browser: Any, env: Env, worker: Callable[[], An
     store.mark_calling("order:7", "charge", 1, json.dumps({"amount": 1250, "currency": "EUR",
                                                             "customer_reference": "c" * 60}), 30.0)
     jobs.cancel_job(app, doubtful)
+    import ringfence
+
+    noop = app.registry.tasks["noop"]
+    wid = ringfence.chain(noop.s(n=5), noop.s(n=6)).enqueue(business_id="order:5")
     wait_until(lambda: any(s.get("task_stats") for s in b.servers()), timeout=20)
+    wait_until(lambda: (wf := app.workflow(wid)) is not None and wf.state == "done", timeout=20)
     url = env.dashboard()
     pages = [("overview", "/"), ("servers", "/servers"), ("pending", "/queues/default/pending"),
              ("dead", "/queues/default/dead"), ("scheduled", "/queues/default/scheduled"),
              ("job", f"/jobs?id={later}"), ("dead-job", f"/jobs?id={dying}"), ("task", "/tasks/default/noop"),
-             ("fences", "/fences"), ("doctor", "/doctor"), ("search", "/queues/default/pending?payload=n%3D3")]
+             ("fences", "/fences"), ("doctor", "/doctor"), ("search", "/queues/default/pending?payload=n%3D3"),
+             ("workflow", f"/workflows?id={wid}")]
     DOCS.mkdir(parents=True, exist_ok=True)
     phone = browser.new_page(viewport={"width": 390, "height": 844})
     login(phone, url)
