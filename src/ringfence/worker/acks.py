@@ -127,27 +127,36 @@ class Acks:
 
     async def check_lost(self, since: float) -> None:
         """Record the jobs whose ack, sent before ``since``, the master answering now does not have: they run
-        again (ack_lost.lua); the ones still leased to this worker are acked again."""
+        again (ack_lost.lua); the ones still leased to this worker are acked again. A queue whose node does not
+        answer yet is checked at the next recovery; a checked ack is not checked again."""
         by_queue: dict[str, list[tuple[str, str, bytes, int]]] = defaultdict(list)
-        wall_ms = int(time.time() * 1000)
+        wall_ms, now = int(time.time() * 1000), time.monotonic()
         for at, queue, job_id, token, raw in self._sent:
             if at <= since:
-                by_queue[queue].append((job_id, token, raw, wall_ms - int((time.monotonic() - at) * 1000)))
+                by_queue[queue].append((job_id, token, raw, wall_ms - int((now - at) * 1000)))
+        checked: set[tuple[str, str]] = set()
         for queue, sent in by_queue.items():
-            worker = sent[0][1].rpartition(".")[0]
             try:
-                rerun, ours = await self.broker.arun(self.broker.ack_lost(queue, worker, sent))
-            except Exception as exc:  # a check that cannot run costs a record, never the worker
-                log.warning("checking %d ack(s) of %s sent before Redis failed failed (%s: %s)", len(sent), queue,
-                            type(exc).__name__, exc)
+                rerun, ours = await self.broker.arun(self.broker.ack_lost(queue, sent[0][1].rpartition(".")[0], sent))
+            except UNAVAILABLE:
                 continue
-            if rerun:
-                log.warning("%d job(s) of %s acked just before Redis failed over are queued again (their ack was "
-                            "lost): they run again, recorded in their history (ack_lost): %s", len(rerun), queue,
-                            " ".join(rerun[:10]))
-            raws = {s[0]: (s[1], s[2]) for s in sent}
-            for job_id in ours:
-                self.add(queue, job_id, *raws[job_id])
+            except Exception as exc:  # a check that cannot run costs a record, never the worker
+                log.warning("the check of %d ack(s) of %s sent before Redis failed did not run (%s: %s)", len(sent),
+                            queue, type(exc).__name__, exc)
+            else:
+                self._rerun(queue, sent, rerun, ours)
+            checked.update((queue, s[0]) for s in sent)
+        if checked:
+            self._sent = deque((e for e in self._sent if (e[1], e[2]) not in checked), maxlen=SENT_KEPT_MAX)
+
+    def _rerun(self, queue: str, sent: list[tuple[str, str, bytes, int]], rerun: list[str], ours: list[str]) -> None:
+        if rerun:
+            log.warning("%d job(s) of %s acked just before Redis failed over are queued again (their ack was "
+                        "lost): they run again, recorded in their history (ack_lost): %s", len(rerun), queue,
+                        " ".join(rerun[:10]))
+        raws = {s[0]: (s[1], s[2]) for s in sent}
+        for job_id in ours:
+            self.add(queue, job_id, *raws[job_id])
 
     def _keep(self, pending: dict[str, list[tuple[str, str]]]) -> None:
         """What was not acked goes into the next flush."""
