@@ -54,6 +54,10 @@ class Served:
 @pytest.fixture(scope="module")
 def served(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """The app and one real worker process, shared by this module's tests (each has workflows of its own)."""
+    yield from serve(redis_url, tmp_path_factory)
+
+
+def serve(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     namespace = f"t{uuid.uuid4().hex[:10]}"
     directory = tmp_path_factory.mktemp("wf")
     with pytest.MonkeyPatch.context() as mp:

@@ -81,3 +81,24 @@ def member(ctx: JobContext, x: int) -> int:
     """A chord member that takes no input."""
     mark(ctx)
     return x
+
+
+@app.task(queue="wf")
+def gated(ctx: JobContext, n: int, die: bool = False) -> int:
+    """Runs until the test writes $WF_DIR/open-<n> (or it is cancelled), then records its run; ``die``: then
+    fails for good."""
+    if ctx.cancelled.wait(0) or not wait_for_file(ctx, f"open-{n}"):
+        return -1
+    mark(ctx)
+    if die:
+        raise Permanent(f"gated {n} dies")
+    return n
+
+
+def wait_for_file(ctx: JobContext, name: str) -> bool:
+    for _ in range(600):
+        if os.path.exists(os.path.join(DIR, name)):
+            return True
+        if ctx.cancelled.wait(0.05):
+            return False
+    return False

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from typing import Any, ClassVar, NoReturn, Protocol
 
 import orjson
@@ -13,6 +15,7 @@ import orjson
 from ringfence.errors import BrokerError, ConfigError, DuplicateJob, PartlyEnqueued, PayloadError, RingfenceError
 from ringfence.models import JobSpec, Prepared, new_job_id
 from ringfence.outbox import write as outbox_write
+from ringfence.redis import workflows as stored
 from ringfence.redis.broker import Broker
 from ringfence.redis.connect import REDIS_ERRORS, broker_error
 from ringfence.redis.keys import INLINE_MAX_BYTES
@@ -77,6 +80,8 @@ class Client:
     def prepare(self, task: Task, payload: Any, opts: EnqueueOptions, now_ms: float | None = None) -> Prepared:
         """Validate and encode one job. ``payload`` is a dict of fields or the task's payload model.
         ``now_ms``: the time to enqueue at, instead of Redis's clock (the outbox writes without Redis)."""
+        if opts.depends_on is not None:  # enqueue() takes it (_enqueue_after); a batch, the outbox, on_commit do not
+            raise ConfigError(f"task {task.name!r}: depends_on is taken by enqueue() and aenqueue() only")
         args = task.codec.encode(payload)
         queue = self.check_options(task, opts)
         now = self.app.broker.clock() if now_ms is None else int(now_ms)
@@ -247,6 +252,8 @@ class Client:
                     ready = self._ready[task] = self._ready_for(task)
                 if ready is not None:
                     return self._enqueue_ready(task, payload, ready)
+            if opts.depends_on is not None:
+                return self._enqueue_after(task, payload, opts)
             prepared = self.prepare(task, payload, opts)  # enqueue_many for one job, minus its grouping by queue
             queue = prepared[0]
             if queue not in self._known_queues:
@@ -256,6 +263,26 @@ class Client:
         except REDIS_ERRORS as exc:  # redis-py's own: raised as ringfence's, the original kept as the cause
             raise self._broker_error(exc) from exc
         return self._id(prepared, got[0], opts)
+
+    def _enqueue_after(self, task: Task, payload: Any, opts: EnqueueOptions) -> str:
+        """One job that runs once its dependencies are done (lua/depend.lua); no batched path."""
+        deps = list(dict.fromkeys(opts.depends_on or ()))
+        for dep in deps:
+            check_name("depends_on job id", dep)
+        if opts.delay_s is not None or opts.run_at is not None or opts.unique_for or task.unique_for is not None:
+            raise ConfigError(f"task {task.name!r}: depends_on takes no delay_s, run_at or unique_for")
+        queue, job_id, spec, *_ = self.prepare(task, payload, replace(opts, depends_on=None))
+        if job_id in deps:
+            raise ConfigError(f"depends_on: job {job_id} cannot wait for itself")
+        broker = self.app.broker
+        if queue not in self._known_queues:
+            broker.register_queues([queue])
+            self._known_queues.add(queue)
+        stored.check_deps(broker, queue, deps)
+        got = broker.run(stored.depend(broker, queue, job_id, spec, deps))
+        if got[0] == "exists" and opts.raise_on_duplicate:  # as a plain enqueue: an id enqueued twice is one job
+            raise DuplicateJob(f"job id {job_id!r} exists already with another payload or time", job_id)
+        return job_id
 
     def _ready_for(self, task: Task) -> ReadyEnqueue | None:
         """The packed-ahead call for ``task``'s plain enqueues (no options), when they all go inline: no unique
@@ -323,6 +350,8 @@ class Client:
         raise error
 
     async def aenqueue(self, task: Task, payload: Any, opts: EnqueueOptions) -> str:
+        if opts.depends_on is not None:
+            return await asyncio.to_thread(self.enqueue, task, payload, opts)
         return (await self.aenqueue_many(task, [payload], opts))[0]
 
     async def aenqueue_many(self, task: Task, payloads: Iterable[Any],

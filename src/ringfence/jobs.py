@@ -16,6 +16,7 @@ from ringfence import inspect
 from ringfence.errors import BadRecord, ConfigError, FencedOut
 from ringfence.fence.model import FenceState
 from ringfence.models import DeadJob, JobSpec
+from ringfence.redis import workflows as waiting
 
 if TYPE_CHECKING:
     from ringfence.runtime import Live
@@ -44,11 +45,14 @@ class JobView:
     result: Any = None     # state "done" (a task with store_result): the handler's return value
     finished_ms: int = 0
     unknown: tuple[str, ...] = ()  # fields its record no longer holds (a finished job): never shown as 0 or {}
+    waits_for: list[str] = field(default_factory=list)  # state "waiting" (depends_on): the jobs not done yet
 
     def to_dict(self) -> dict[str, Any]:
         found = {k: v for k, v in self.__dict__.items() if k not in self.unknown and k != "unknown"}
         if self.state != "done":
             del found["result"], found["finished_ms"]
+        if self.state != "waiting":
+            del found["waits_for"]
         return found
 
 
@@ -71,6 +75,8 @@ def find_job(app: Live, job_id: str) -> JobView | None:
                                traceback=dead.traceback, died_ms=dead.died_ms, malformed=dead.malformed)
         view = JobView(id=job_id, queue=queue, state=state, attempts=broker.attempts(queue, job_id),
                        history=broker.history(queue, job_id))
+        if state == "waiting":
+            view.waits_for = waiting.waits_for(broker, queue, job_id)
         raw = broker.job_spec(queue, job_id)
         if raw is None:
             continue  # left the queue meanwhile: look on

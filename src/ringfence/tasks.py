@@ -127,7 +127,8 @@ class Task(Generic[P, R]):
 
     def with_options(self, **options: Unpack[OptionFields]) -> BoundTask[P, R]:
         """Enqueue options: queue, delay_s, run_at (datetime), max_attempts, timeout_s, expiry_s, job_id,
-        unique_for (s), unique_key (str template like "order:{order_id}" or callable(payload)), raise_on_duplicate."""
+        unique_for (s), unique_key (str template like "order:{order_id}" or callable(payload)), raise_on_duplicate,
+        depends_on (job ids of the same queue: the job runs once they are all done)."""
         return BoundTask(self, enqueue_options(**options))
 
     def enqueue(self, *args: P.args, **fields: P.kwargs) -> str:
@@ -176,6 +177,7 @@ class OptionFields(TypedDict, total=False):
     raise_on_duplicate: bool
     durable: bool
     min_replicas: int | None
+    depends_on: list[str] | tuple[str, ...] | None
 
 
 @dataclass(frozen=True)
@@ -192,6 +194,7 @@ class EnqueueOptions:
     raise_on_duplicate: bool = False
     durable: bool = False            # wait for a replica (min_replicas, or the App's, at least 1): redis/replicas.py
     min_replicas: int | None = None  # replicas that must confirm the enqueue (0: do not wait)
+    depends_on: list[str] | tuple[str, ...] | None = None  # job ids of its queue to wait for (docs/workflows.md)
 
     def __post_init__(self) -> None:
         check_seconds("delay_s", self.delay_s, minimum=0.0)
@@ -203,6 +206,10 @@ class EnqueueOptions:
             raise ConfigError(f"enqueue option max_attempts={self.max_attempts!r} must be an int")
         if self.min_replicas is not None and (type(self.min_replicas) is not int or self.min_replicas < 0):
             raise ConfigError(f"enqueue option min_replicas={self.min_replicas!r} must be an int >= 0")
+        deps = self.depends_on
+        if deps is not None and (not isinstance(deps, list | tuple) or not deps
+                                 or not all(isinstance(d, str) and d for d in deps)):
+            raise ConfigError(f"enqueue option depends_on={deps!r} must be a non-empty list of job ids")
 
 
 def check_seconds(name: str, value: Any, *, minimum: float | None) -> None:

@@ -48,7 +48,7 @@ class Admin:
         inline pending job is cancelled only given its ``inline_entry``."""
         k = self.keys.queue(queue)
         return Call("cancel", [k.pending, k.scheduled, k.retry, k.active, k.lease, k.jobs, k.attempts, k.history,
-                               k.dead, k.dead_jobs, k.stats],
+                               k.dead, k.dead_jobs, k.stats, k.waiters, k.waiting],
                     [job_id, self.clock(), orjson.dumps(dead_fields) if dead_fields else "", inline_entry], _str)
 
     def purge(self, queue: str, limit: int) -> Call[int]:
@@ -84,7 +84,9 @@ class Admin:
         for state, score in (("active", active), ("scheduled", scheduled), ("retry", retry)):
             if score is not None:
                 return state
-        return "pending" if self.sync.lpos(k.pending, job_id) is not None else "unknown"
+        if self.sync.lpos(k.pending, job_id) is not None:
+            return "pending"
+        return "waiting" if self.sync.hexists(k.waiting, job_id) else "unknown"
 
     def page(self, queue: str, state: str, offset: int, count: int) -> list[tuple[str, float]]:
         """(id, score) of one page of a state: pending oldest first by position (score = position), the sorted

@@ -357,8 +357,9 @@ class Broker(Reads, Admin):
 
     def ack(self, queue: str, done: Iterable[tuple[str, str]]) -> Call[list[str]]:
         k = self.keys.queue(queue)
-        args = [self.clock(), *(x for pair in done for x in pair)]
-        return Call("ack", [k.active, k.lease, k.jobs, k.attempts, k.history, k.stats, k.minutes], args, _ids)
+        args = [self.clock(), k.wake, *(x for pair in done for x in pair)]
+        return Call("ack", [k.active, k.lease, k.jobs, k.attempts, k.history, k.stats, k.minutes, k.waiters,
+                            k.waiting, k.pending, k.idle], args, _ids)
 
     def ack_lost(self, queue: str, worker: str, sent: Iterable[tuple[str, str, bytes, int]]
                  ) -> Call[tuple[list[str], list[str]]]:
@@ -395,7 +396,8 @@ class Broker(Reads, Admin):
         """Move the job to dead-letter; ``durable``: a failed_jobs row is owed for it (``durable`` set). ``step``:
         (workflow id, step index, failure JSON) of a workflow step, whose workflow learns of it in the same call."""
         k = self.keys.queue(queue)
-        keys = [k.active, k.lease, k.jobs, k.attempts, k.history, k.dead, k.dead_jobs, k.stats, k.durable, k.minutes]
+        keys = [k.active, k.lease, k.jobs, k.attempts, k.history, k.dead, k.dead_jobs, k.stats, k.durable, k.minutes,
+                k.waiters, k.waiting]
         args = [job_id, token, self.clock(), orjson.dumps(entry), orjson.dumps(fields), int(durable)]
         if step is not None:
             keys += [k.pending, k.idle, self.keys.workflow(queue, step[0])]

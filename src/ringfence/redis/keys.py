@@ -52,6 +52,8 @@ class QueueKeys:
     cron: str        # hash: periodic name -> last tick ms handled
     minutes: str     # hash: p<minute>/f<minute> -> processed/failed in that minute (a day kept; dashboard)
     outbox_sent: str  # zset: id -> ms the outbox relay sent it; refuses a second send (lua/relay.lua)
+    waiting: str     # hash: id of a job enqueued with depends_on -> its dependencies not finished (lua/_depends.lua)
+    waiters: str     # hash: dependency id -> ids of the jobs waiting for it
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,8 @@ class Keys:
                 cron=f"{p}:cron",
                 minutes=f"{p}:minutes",
                 outbox_sent=f"{p}:outbox_sent",
+                waiting=f"{p}:waiting",
+                waiters=f"{p}:waiters",
             )
             self._cache[name] = keys
         return keys

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ringfence.errors import ConfigError
 from ringfence.redis.broker import Broker
 from ringfence.redis.call import Call, _str
 
@@ -34,12 +35,12 @@ def advance(b: Broker, queue: str, job_id: str, token: str, workflow_id: str, in
     """Ack a step's job and queue what waited for it; parses to the steps queued, -1: the lease had moved on."""
     k = b.keys.queue(queue)
     return Call("advance", [k.active, k.lease, k.jobs, k.attempts, k.history, k.stats, k.minutes, k.pending, k.idle,
-                            b.keys.workflow(queue, workflow_id)],
+                            b.keys.workflow(queue, workflow_id), k.waiters, k.waiting],
                 [b.clock(), k.wake, job_id, token, index, result], int)
 
 
 def dead_keys(b: Broker, queue: str, workflow_id: str) -> list[str]:
-    """The keys ``Broker.dead`` adds for a workflow step (lua/dead.lua: KEYS[11..13])."""
+    """The keys ``Broker.dead`` adds for a workflow step (lua/dead.lua: KEYS[13..15])."""
     k = b.keys.queue(queue)
     return [k.pending, k.idle, b.keys.workflow(queue, workflow_id)]
 
@@ -61,3 +62,31 @@ def read(b: Broker, queues: Sequence[str], workflow_id: str) -> tuple[str, dict[
         if found:
             return q, {_str(f): _str(v) for f, v in found.items()}
     return None
+
+
+def depend(b: Broker, queue: str, job_id: str, spec: bytes, deps: Sequence[str]) -> Call[list[str]]:
+    """Add one job that runs once ``deps`` (jobs of ``queue``) are acked (lua/depend.lua). Parses to
+    ['waiting', deps...], ['queued'], ['dead', dep], ['same'] (a retried call) or ['exists'] (the id is taken)."""
+    k = b.keys.queue(queue)
+    args: list[Any] = [b.clock(), k.wake, job_id, spec]
+    for dep in deps:
+        args += [dep, b.inline_entry(queue, dep)]
+    return Call("depend", [k.jobs, k.pending, k.dead, k.dead_jobs, k.stats, k.waiters, k.waiting, k.idle], args,
+                lambda raw: [_str(x) for x in raw])
+
+
+def check_deps(b: Broker, queue: str, deps: Sequence[str]) -> None:
+    """Refuse a dependency that lives in another queue: its ack cannot reach this queue's slot."""
+    for dep in deps:
+        if b.job_state(queue, dep) is not None:
+            continue
+        for other in b.queues():
+            if other != queue and b.job_state(other, dep) is not None:
+                raise ConfigError(f"depends_on: job {dep} is in queue {other!r}, not {queue!r}: a job can wait only "
+                                  "for jobs of its own queue")
+
+
+def waits_for(b: Broker, queue: str, job_id: str) -> list[str]:
+    """The dependencies a waiting job still waits for ([] when it waits for none)."""
+    raw = b.sync.hget(b.keys.queue(queue).waiting, job_id)
+    return [] if raw is None else [x for x in _str(raw).split(",") if x]

@@ -7,24 +7,15 @@
 -- KEYS[5] history   hash
 -- KEYS[6] stats     hash
 -- KEYS[7] minutes   hash  per-minute counts (p<minute>: processed)
--- ARGV[1] now ms, then pairs: id, token
+-- KEYS[8] waiters  KEYS[9] waiting  KEYS[10] pending  KEYS[11] idle: jobs waiting for the acked ones are queued
+-- ARGV[1] now ms, ARGV[2] wake channel, then pairs: id, token
 -- Returns: ids whose lease this attempt no longer held (not acked: another attempt owns them).
--- per-minute counts for the dashboard's charts (field kind..minute); a day is kept, trimmed when a minute starts
-local function per_minute(key, kind, now_ms, n)
-  local m = math.floor(tonumber(now_ms) / 60000)
-  if redis.call('HINCRBY', key, kind .. m, n) == n then
-    redis.call('PEXPIRE', key, 90000000)
-    if redis.call('HLEN', key) > 4400 then
-      for _, f in ipairs(redis.call('HKEYS', key)) do
-        if (tonumber(string.sub(f, 2)) or 0) < m - 1440 then redis.call('HDEL', key, f) end
-      end
-    end
-  end
-end
+--@include per_minute
+--@include depends
 -- The keys of the acked jobs go in one variadic call per key and per 1000 jobs, not one call per job and key: a
 -- script's redis.call costs Redis more than the deletion itself.
 local lost, acked, seen = {}, {}, {}
-for i = 2, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
   local id = ARGV[i]
   if not seen[id] and redis.call('HGET', KEYS[2], id) == ARGV[i + 1] then
     seen[id] = true  -- a second copy in the batch finds its lease gone, as it would have one by one
@@ -41,5 +32,10 @@ end
 if #acked > 0 then
   redis.call('HINCRBY', KEYS[6], 'processed', #acked)
   per_minute(KEYS[7], 'p', ARGV[1], #acked)
+  local queued = deps_done(KEYS[8], KEYS[9], KEYS[10], acked)
+  if queued > 0 then
+    redis.call('HINCRBY', KEYS[6], 'enqueued', queued)
+    if redis.call('ZCOUNT', KEYS[11], ARGV[1], '+inf') > 0 then redis.call('PUBLISH', ARGV[2], queued) end
+  end
 end
 return lost

@@ -3,12 +3,14 @@
 -- A running job loses its lease: its worker's next heartbeat sees that and sets ctx.cancelled.
 -- KEYS[1] pending list  KEYS[2] scheduled zset  KEYS[3] retry zset  KEYS[4] active zset  KEYS[5] lease hash
 -- KEYS[6] jobs hash  KEYS[7] attempts hash  KEYS[8] history hash  KEYS[9] dead zset  KEYS[10] dead_jobs hash
--- KEYS[11] stats hash
+-- KEYS[11] stats hash  KEYS[12] waiters hash  KEYS[13] waiting hash (jobs enqueued with depends_on: lua/_depends.lua)
 -- ARGV[1] id  ARGV[2] now ms
 -- ARGV[3] '' to delete the job, else a JSON object of dead record fields: the job goes to dead-letter instead
 --         (a job that owns a fence step past capture must not vanish)
 -- ARGV[4] the job's inline pending entry '<id><spec>' as a scan found it (pending_entry.lua), or ''
--- Returns: the state it was taken from (pending, scheduled, retry, active), or '' when it is no job of the queue.
+-- Returns: the state it was taken from (pending, scheduled, retry, active, waiting), or '' when it is no job of the
+-- queue. The jobs waiting for it go to dead-letter (reason dependency_dead).
+--@include depends
 local id = ARGV[1]
 local spec = redis.call('HGET', KEYS[6], id)
 local state = ''
@@ -17,6 +19,7 @@ if spec then
   elseif redis.call('ZREM', KEYS[3], id) == 1 then state = 'retry'
   elseif redis.call('ZREM', KEYS[4], id) == 1 then state = 'active'
   elseif redis.call('LREM', KEYS[1], 0, id) > 0 then state = 'pending'
+  elseif redis.call('HDEL', KEYS[13], id) == 1 then state = 'waiting'
   end
   if state == '' then return '' end
   -- a second inline copy (an enqueue retried after a lost reply) would run once this record is gone
@@ -40,4 +43,5 @@ redis.call('HDEL', KEYS[6], id)
 redis.call('HDEL', KEYS[7], id)
 redis.call('HDEL', KEYS[8], id)
 redis.call('HINCRBY', KEYS[11], 'cancelled', 1)
+deps_dead(KEYS[12], KEYS[13], KEYS[6], KEYS[9], KEYS[10], KEYS[11], id, ARGV[2], 'was cancelled')
 return state

@@ -13,23 +13,14 @@
 -- ARGV[1] id  ARGV[2] token  ARGV[3] now ms  ARGV[4] last history entry JSON
 -- ARGV[5] record fields JSON object (reason, error, traceback, ...)
 -- ARGV[6] 1 when a failed_jobs row will be written for this job, else 0
--- A workflow step also has KEYS[11] pending, KEYS[12] idle, KEYS[13] workflow hash and ARGV[7] step index,
+-- KEYS[11] waiters  KEYS[12] waiting: jobs waiting for this one go to dead-letter too (lua/_depends.lua)
+-- A workflow step also has KEYS[13] pending, KEYS[14] idle, KEYS[15] workflow hash and ARGV[7] step index,
 -- ARGV[8] the failure as its dependents may see it (JSON), ARGV[9] wake channel: the workflow learns of the death
 -- in this call (failed, or its dependents queued under a chord's 'continue' policy).
 -- Returns: 1, or 0 when this attempt no longer held the lease.
--- per-minute counts for the dashboard's charts (field kind..minute); a day is kept, trimmed when a minute starts
-local function per_minute(key, kind, now_ms, n)
-  local m = math.floor(tonumber(now_ms) / 60000)
-  if redis.call('HINCRBY', key, kind .. m, n) == n then
-    redis.call('PEXPIRE', key, 90000000)
-    if redis.call('HLEN', key) > 4400 then
-      for _, f in ipairs(redis.call('HKEYS', key)) do
-        if (tonumber(string.sub(f, 2)) or 0) < m - 1440 then redis.call('HDEL', key, f) end
-      end
-    end
-  end
-end
+--@include per_minute
 --@include workflow
+--@include depends
 local id = ARGV[1]
 if redis.call('HGET', KEYS[2], id) ~= ARGV[2] then return 0 end
 local spec = redis.call('HGET', KEYS[3], id)
@@ -55,7 +46,9 @@ redis.call('HDEL', KEYS[5], id)
 redis.call('HINCRBY', KEYS[8], 'dead', 1)
 redis.call('HINCRBY', KEYS[8], 'failed', 1)
 per_minute(KEYS[10], 'f', ARGV[3], 1)
-if KEYS[13] then
-  woke(step_dead(KEYS[13], ARGV[7], ARGV[8], ARGV[3], KEYS[3], KEYS[11]), KEYS[12], tonumber(ARGV[3]), ARGV[9], KEYS[8])
+local reason = cjson.decode(ARGV[5]).reason
+deps_dead(KEYS[11], KEYS[12], KEYS[3], KEYS[6], KEYS[7], KEYS[8], id, ARGV[3], 'is dead (' .. tostring(reason) .. ')')
+if KEYS[15] then
+  woke(step_dead(KEYS[15], ARGV[7], ARGV[8], ARGV[3], KEYS[3], KEYS[13]), KEYS[14], tonumber(ARGV[3]), ARGV[9], KEYS[8])
 end
 return 1
