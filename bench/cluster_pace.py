@@ -165,7 +165,7 @@ def pickup(url: str, cluster: bool, variant: str, args: argparse.Namespace, appd
 
 def failover(args: argparse.Namespace, appdir: Path) -> None:
     (appdir / "fc").mkdir()
-    c = Cluster(appdir / "fc", replicas=1, node_timeout_ms=args.node_timeout_ms)
+    c = Cluster(appdir / "fc", replicas=1, node_timeout_ms=args.node_timeout_ms, full_coverage=args.full_coverage)
     ns = f"f{uuid.uuid4().hex[:8]}"
     app = App(c.url, ns, environment="bench")
     try:
@@ -239,6 +239,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--kill-at", type=float, default=4.0)
     ap.add_argument("--node-timeout-ms", type=int, default=2000)
+    ap.add_argument("--no-full-coverage", dest="full_coverage", action="store_false",
+                    help="cluster-require-full-coverage no: the other masters serve while a master's slots are down")
     ap.add_argument("--lease-wait", type=float, default=40.0, help="how long to wait for orphans to run")
     ap.add_argument("--variants", default="plain,job_id,durable")
     args = ap.parse_args()

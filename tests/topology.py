@@ -77,12 +77,14 @@ class Servers:
 
 
 class Cluster(Servers):
-    def __init__(self, directory: Path, masters: int = 3, replicas: int = 0, node_timeout_ms: int = 2000) -> None:
+    def __init__(self, directory: Path, masters: int = 3, replicas: int = 0, node_timeout_ms: int = 2000,
+                 full_coverage: bool = True) -> None:
         super().__init__(directory)
         self.ports = [free_port() for _ in range(masters * (1 + replicas))]
         for p in self.ports:
             self.start(p, "--cluster-enabled", "yes", "--cluster-config-file", str(directory / f"nodes-{p}.conf"),
-                       "--cluster-node-timeout", str(node_timeout_ms))
+                       "--cluster-node-timeout", str(node_timeout_ms),
+                       "--cluster-require-full-coverage", "yes" if full_coverage else "no")
         try:
             subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in self.ports],
                             "--cluster-replicas", str(replicas), "--cluster-yes"], check=True, capture_output=True,
