@@ -8,18 +8,7 @@
 -- KEYS[6] minutes  hash  per-minute counts (f<minute>: failed attempts)
 -- ARGV[1] id  ARGV[2] token  ARGV[3] retry-at ms  ARGV[4] history entry JSON (an object)  ARGV[5] now ms
 -- Returns: 1, or 0 when this attempt no longer held the lease (nothing changed).
--- per-minute counts for the dashboard's charts (field kind..minute); a day is kept, trimmed when a minute starts
-local function per_minute(key, kind, now_ms, n)
-  local m = math.floor(tonumber(now_ms) / 60000)
-  if redis.call('HINCRBY', key, kind .. m, n) == n then
-    redis.call('PEXPIRE', key, 90000000)
-    if redis.call('HLEN', key) > 4400 then
-      for _, f in ipairs(redis.call('HKEYS', key)) do
-        if (tonumber(string.sub(f, 2)) or 0) < m - 1440 then redis.call('HDEL', key, f) end
-      end
-    end
-  end
-end
+--@include per_minute
 local id = ARGV[1]
 if redis.call('HGET', KEYS[2], id) ~= ARGV[2] then return 0 end
 redis.call('ZREM', KEYS[1], id)
