@@ -22,4 +22,4 @@ LEAKED: list[bytearray] = []
 def leak(ctx, n: int, mb: int, seconds: float = 0.0) -> None:
     LEAKED.append(bytearray(b"\1") * (mb * 2**20))  # written, so resident
     time.sleep(seconds)
-    r.rpush(f"{ns}:test:runs", f"{ctx.id} {n} {BOOT} {os.getpid()}")
+    r.rpush(f"{ns}:test:runs", f"{ctx.id} {n} {BOOT} {os.getpid()} {ctx.attempt}")

@@ -28,18 +28,20 @@ def producer(redis_url: str, namespace: str) -> Any:
     return importlib.reload(recycleapp)
 
 
-def runs(rdb: Any, namespace: str) -> list[tuple[str, int, str, int]]:
+def runs(rdb: Any, namespace: str) -> list[tuple[str, int, str, int, int]]:
+    """(job id, n, process image, pid, attempt) of each run, in order."""
     out = []
     for line in rdb.lrange(f"{namespace}:test:runs", 0, -1):
-        job_id, n, boot, pid = line.decode().split()
-        out.append((job_id, int(n), boot, int(pid)))
+        job_id, n, boot, pid, attempt = line.decode().split()
+        out.append((job_id, int(n), boot, int(pid), int(attempt)))
     return out
 
 
 def run_all(m: Any, rdb: Any, namespace: str, count: int, mb: int, seconds: float = 0.0) -> list[Any]:
     ids = [m.leak.enqueue(n=n, mb=mb, seconds=seconds) for n in range(count)]
     done = wait_until(lambda: len(runs(rdb, namespace)) >= count and runs(rdb, namespace), timeout=90)
-    assert sorted(j for j, *_ in done) == sorted(ids)  # every job ran once: none lost, none twice
+    stats = m.app.broker.queue_counts("default")["stats"]  # "orphaned": a run whose lease lapsed
+    assert sorted(j for j, *_ in done) == sorted(ids), (done, stats)  # every job ran once: none lost, none twice
     return done
 
 
@@ -58,14 +60,14 @@ def test_max_jobs_per_child_replaces_the_worker_and_loses_nothing(
     w = spawn_worker(*APP, "-p", processes, "--max-jobs-per-child", "3")
     wait_until(lambda: len(m.app.broker.servers()) == int(processes), timeout=30)
     done = run_all(m, rdb, namespace, 12, mb=1)
-    per_boot = collections.Counter(boot for _, _, boot, _ in done)
+    per_boot = collections.Counter(boot for _, _, boot, _, _ in done)
     assert max(per_boot.values()) <= 3 and len(per_boot) >= 4  # each image ran at most 3
     if processes == "1":  # the worker executed itself again: same process id, a new image
-        assert {pid for *_, pid in done} == {w.pid}
+        assert {pid for _, _, _, pid, _ in done} == {w.pid}
     assert_settled(m.app, 12)
     # the replacements serve
     m.leak.enqueue(n=99, mb=1)
-    wait_until(lambda: any(n == 99 for _, n, _, _ in runs(rdb, namespace)), timeout=30)
+    wait_until(lambda: any(n == 99 for _, n, *_ in runs(rdb, namespace)), timeout=30)
     assert w.proc.poll() is None
     wait_until(lambda: len(m.app.broker.servers()) == int(processes), timeout=30)
 
@@ -79,7 +81,7 @@ def test_max_memory_mb_replaces_a_leaking_worker_after_its_running_job(
     w = spawn_worker(*APP, "-p", processes, "--max-memory-mb", "150")
     wait_until(lambda: len(m.app.broker.servers()) == int(processes), timeout=30)
     done = run_all(m, rdb, namespace, 10, mb=40, seconds=0.3)
-    per_boot = collections.Counter(boot for _, _, boot, _ in done)
+    per_boot = collections.Counter(boot for _, _, boot, _, _ in done)
     assert len(per_boot) >= 3 and max(per_boot.values()) <= 4  # none grew past ~150 MB + one job's leak
     assert_settled(m.app, 10)
     assert w.proc.poll() is None

@@ -149,6 +149,8 @@ class Worker:
 
     async def _finish_running(self) -> None:
         """A recycling worker's running jobs end as they would (their own timeouts), ``ctx.cancelled`` not set."""
+        if self.recycling:  # meanwhile no job is pushed to it; those pushed already go back to their queue
+            await self.processor.fetcher.waker.close()
         while self.recycling and self.processor.running and not self._signals:
             await asyncio.sleep(0.02)
 
