@@ -49,11 +49,11 @@ def in_doubt_count(app: App) -> int | None:
     return None if store is None else len(store.list(state="in_doubt", limit=IN_DOUBT_SHOWN + 1))
 
 
-def minute_charts(counts: dict[str, int], minute: int, which: str) -> list[Any]:
+def minute_charts(counts: dict[str, int], minute: int, which: str, day: bool = True) -> list[Any]:
     """Throughput, failures and latency over the last hour (per minute) and day (per 15 minutes) from a
     ``P:minutes`` hash (or the sum of several; ``which``: whose latency it is)."""
     charts = []
-    for label, minutes, step in (("last hour", 60, 1), ("last day", 1440, 15)):
+    for label, minutes, step in (("last hour", 60, 1), ("last day", 1440, 15))[:2 if day else 1]:
         per, times = f"per {'minute' if step == 1 else f'{step} minutes'}", minute_labels(minute, minutes, step)
         left = "-60 min" if step == 1 else "-24 h"
         charts.append(line_chart(f"Throughput, {label} ({per})",
@@ -75,7 +75,7 @@ def queue_charts(app: App, queue: str) -> list[Any]:
     counts = dict(app.broker.minutes(queue))
     live = round(queue_gauges(app.broker, queue)["latency_s"] * 1000)
     counts[f"l{minute}"] = max(counts.get(f"l{minute}", 0), live)
-    return minute_charts(counts, minute, queue)[:3]
+    return minute_charts(counts, minute, queue, day=False)
 
 
 def task_page(app: App, queue: str, task: str) -> dict[str, Any] | None:
