@@ -209,10 +209,6 @@ class Metrics:
         """Also expose the namespace's queue gauges, read from Redis at each scrape."""
         self.registry.register(QueueCollector(broker))
 
-    def add_outbox_gauges(self, source: OutboxSource) -> None:
-        """Also expose the outbox's relay lag, read from the database at each scrape."""
-        self.registry.register(OutboxCollector(source))
-
     def serve(self, port: int, addr: str = "0.0.0.0") -> Any:
         """Serve ``/metrics`` on ``addr:port`` from a daemon thread; returns the server (``.shutdown()``)."""
         server, _thread = start_http_server(port, addr, registry=self.registry)

@@ -52,10 +52,6 @@ def old_sent(broker: Broker, before_ms: int, limit: int = 500) -> dict[str, list
     return out
 
 
-def sent_count(broker: Broker, queue: str) -> int:
-    return int(broker.sync.zcard(broker.keys.queue(queue).outbox_sent))
-
-
 def acquire_lease(broker: Broker, owner: str, ttl_s: float) -> bool:
     """Take or renew the relay lease; True while ``owner`` holds it."""
     return broker.run(Call("lease", [broker.keys.outbox_lease], [owner, max(1, int(ttl_s * 1000))], bool),

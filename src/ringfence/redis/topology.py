@@ -85,11 +85,3 @@ def _answers(client: Any) -> bool:
         return bool(client.ping())
     except (redis.RedisError, OSError):
         return False
-
-
-def node_of(broker: Broker, key: str) -> str:
-    """The address of the node the client's slot map names for ``key`` ("?" when it has none)."""
-    try:
-        return str(broker.sync.get_node_from_key(key).name)  # type: ignore[attr-defined]
-    except (redis.RedisError, AttributeError):
-        return "?"

@@ -22,6 +22,3 @@ class Running:
     abandoned: bool = False  # shutdown left its thread running: the lease lapses, nothing is recorded
     sweeping: bool = False   # settled, on its way to dead-letter: the heartbeat still renews its lease
     waiter: asyncio.Future[None] | None = None  # shutdown waits on it for a job with no Task (processor.py)
-
-    def on_thread(self, run: SyncRun) -> None:
-        self.thread = run
