@@ -11,6 +11,9 @@ group or in a chord's callback: the list of the members' results, in order). See
 from __future__ import annotations
 
 import inspect as pyinspect
+import logging
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,6 +24,7 @@ import orjson
 from ringfence import jobs
 from ringfence.client import Client
 from ringfence.errors import ConfigError
+from ringfence.fence.aftercommit import after_commit
 from ringfence.models import new_job_id
 from ringfence.redis import workflows as stored
 from ringfence.redis.broker import Broker
@@ -32,6 +36,8 @@ from ringfence.tasks import Signature, check_seconds
 PREVIOUS = "previous"  # the parameter a step declares to receive the result before it
 MAX_STEPS = 10_000
 POLICIES = ("fail", "continue")
+START_RETRY_S = 300.0  # how long a start owed after a commit is retried when Redis does not answer
+log = logging.getLogger("ringfence.workflows")
 
 
 @dataclass
@@ -86,6 +92,15 @@ class Node:
         start = _Start(self, business_id, result_ttl_s)
         await start.broker.aregister_queues([start.queue])
         await start.broker.arun(start.call())
+        return start.workflow_id
+
+    def enqueue_on_commit(self, target: Any, business_id: str | None = None, result_ttl_s: float | None = None
+                          ) -> str:
+        """Start the workflow once ``target``'s outer transaction commits (a SQLAlchemy Session, Connection,
+        AsyncSession or AsyncConnection); nothing on rollback. Checked now, its id fixed now. A start that Redis
+        refuses after the commit is retried every second for ``START_RETRY_S``, then logged with its id."""
+        start = _Start(self, business_id, result_ttl_s)
+        after_commit(target, start, _started_after_commit)
         return start.workflow_id
 
 
@@ -164,6 +179,14 @@ def chord(header: Group | Iterable[Signature | Node], callback: Signature | Node
     return Chord(header, callback, on_member_dead)
 
 
+def _started_after_commit(starts: list[_Start], in_async: bool) -> None:
+    """The commit happened: start each workflow (wf_start is idempotent by id); never raises into the commit."""
+    del in_async  # one short script call: sent from the committing thread either way
+    for start in starts:
+        if not start.send():
+            threading.Thread(target=start.retry, name=f"ringfence-wf-start-{start.workflow_id}", daemon=True).start()
+
+
 class _Start:
     """A workflow's steps and fields, checked, ready for ``wf_start.lua``."""
 
@@ -181,6 +204,25 @@ class _Start:
         self.ttl_ms = max(1, int((result_ttl_s if result_ttl_s is not None else DEFAULT_TTL_S) * 1000))
         self.workflow_id = new_job_id()
         self.names = _names(self.steps)
+
+    def send(self) -> bool:
+        """Store and queue it now; False (logged) when Redis did not answer."""
+        try:
+            self.broker.register_queues([self.queue])
+            self.broker.run(self.call())
+        except Exception as exc:  # after a commit: kept for retry, never raised into the caller
+            log.error("workflow %s not started after its commit (%s: %s)", self.workflow_id, type(exc).__name__, exc)
+            return False
+        return True
+
+    def retry(self) -> None:
+        deadline = time.monotonic() + START_RETRY_S
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            if self.send():
+                return
+        log.error("workflow %s given up after %gs: it was committed but never started", self.workflow_id,
+                  START_RETRY_S)
 
     def _queue(self) -> str:
         queues = {i: self.client.check_options(s.sig.task, s.sig.options) for i, s in enumerate(self.steps)}
