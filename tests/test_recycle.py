@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import os
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -98,3 +99,22 @@ def test_bad_recycling_limits_are_refused_before_any_child_starts(redis_url, nam
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and args[0] in lines[0], out.stderr
     assert "supervisor" not in out.stdout + out.stderr
+
+
+def test_the_supervisor_starts_the_replacement_while_the_recycling_child_finishes(tmp_path) -> None:
+    """A child that says RECYCLING on its pipe is replaced at once: the replacement starts before the old child,
+    still finishing its jobs, exits (else it would start only after that exit and the restart delay)."""
+    child = [sys.executable, str(ROOT / "tests" / "recyclechild.py"), str(tmp_path)]
+    code = f"import sys; from ringfence.worker.supervisor import supervise; sys.exit(supervise([{child!r}]))"
+    sup = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        wait_until(lambda: (tmp_path / "exit-0").exists() and (tmp_path / "start-1").exists(), timeout=60)
+        started = float((tmp_path / "start-1").read_text())
+        assert started < float((tmp_path / "exit-0").read_text())
+        assert not (tmp_path / "start-2").exists()  # one replacement, not two
+        sup.send_signal(signal.SIGTERM)
+        assert sup.wait(30) == 0  # the recycled child's 75 is not the supervisor's
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, signal.SIGKILL)
+            sup.wait(10)
