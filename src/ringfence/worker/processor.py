@@ -116,8 +116,7 @@ class Processor:
             if type(a) is Admitted and self._start_sync(r, a):
                 return  # no Task: ``_returned`` records it once its thread returned
         except Exception:
-            job_log(r).exception("job %s: recording its outcome failed; its lease will expire and it runs again",
-                                 job.id)
+            self._unrecorded(r)
             self._done(r)
             return
         r.task = self._loop.create_task(self._execute(r, a))  # asyncio.create_task without its Python frame
@@ -146,8 +145,7 @@ class Processor:
         except asyncio.CancelledError:
             pass  # the handler raised it (as its Task would have ended: nothing recorded)
         except Exception:
-            job_log(r).exception("job %s: recording its outcome failed; its lease will expire and it runs again",
-                                 r.job.id)
+            self._unrecorded(r)
         self._done(r)
 
     async def _execute(self, r: Running, a: Admitted | Verdict | None, heard_by: Task | None = None) -> None:
@@ -160,10 +158,15 @@ class Processor:
             if not r.settled and not r.lost and verdict.recorded and not self.settler.settle_now(r, verdict):
                 await self.settler.settle(r, verdict)
         except Exception:
-            job_log(r).exception("job %s: recording its outcome failed; its lease will expire and it runs again",
-                                 r.job.id)
+            self._unrecorded(r)
         finally:
             self._done(r)
+
+    @staticmethod
+    def _unrecorded(r: Running) -> None:
+        """(in an ``except`` block) Log the error that kept ``r``'s outcome from being recorded."""
+        job_log(r).exception("job %s: recording its outcome failed; its lease will expire and it runs again",
+                             r.job.id)
 
     def _done(self, r: Running) -> None:
         """The job leaves the tables; its slot is free."""
