@@ -21,7 +21,7 @@ from installed import DEV_ONLY, build_wheel, fresh_venv, run, venv_env
 from ringfence.redis.embedded import free_port
 from support import ROOT, SERVERS, database_answering, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # venvs built with pip: minutes on a busy machine
 
 CHECK_APP = '''
 import os
@@ -66,7 +66,8 @@ import sys
 
 import ringfence
 
-extras = ("ringfence.dashboard", "ringfence.contrib.django")  # need ringfence[dashboard], ringfence[django]
+extras = ("ringfence.dashboard", "ringfence.contrib.django", "ringfence.contrib.otel")  # their extra's name
+extras += ("ringfence.testing.plugin",)  # pytest's plugin: only pytest imports it
 wanted = sys.argv[1] if len(sys.argv) > 1 else None  # one extra's modules, else the core's
 names = [m.name for m in pkgutil.walk_packages(ringfence.__path__, "ringfence.")
          if (m.name.startswith(wanted) if wanted else not m.name.startswith(extras))
@@ -207,6 +208,24 @@ def test_the_dashboard_starts_with_its_extra_and_says_so_without(wheel: Path, tm
         server.wait(30)
         assert server.stdout is not None
         server.stdout.close()
+
+
+def test_the_otel_extra_traces_an_enqueue_and_says_so_without(wheel: Path, tmp_path: Path, redis_url: str,
+                                                                ns: str) -> None:
+    core = fresh_venv(wheel, "", tmp_path / "core")
+    refused = subprocess.run([str(core / "python"), "-c", "import ringfence.contrib.otel"], capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 1 and "pip install 'ringfence[otel]'" in refused.stderr.strip().splitlines()[-1]
+
+    bin_dir = fresh_venv(wheel, "otel", tmp_path / "otel")
+    assert int(run([str(bin_dir / "python"), "-c", IMPORT_ALL, "ringfence.contrib.otel"]).stdout) >= 2
+    traced = ("from ringfence import App\nfrom ringfence.contrib.otel import RingfenceInstrumentor\n"
+              f"app = App({redis_url!r}, {ns!r})\n"
+              "@app.task\ndef ping(ctx, n: int) -> None: ...\n"
+              "RingfenceInstrumentor().instrument()\nprint(ping.enqueue(n=1))\napp.close()\n")
+    job_id = run([str(bin_dir / "python"), "-c", traced], env=venv_env(bin_dir)).stdout.strip()
+    r = redis.Redis.from_url(redis_url)
+    assert [k for k in r.scan_iter(f"{ns}:*default*pending")] and job_id
 
 
 def test_the_django_app_imports_migrates_and_runs_the_cli(wheel: Path, tmp_path: Path, redis_url: str,

@@ -26,7 +26,7 @@ import redis
 
 from support import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # venvs built with pip: minutes on a busy machine
 
 DOC = ROOT / "docs" / "tutorial.md"
 EXAMPLE = ROOT / "examples" / "tutorial"

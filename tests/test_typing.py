@@ -15,7 +15,7 @@ from ringfence import PayloadError
 from ringfence.jobs import find_job
 from ringfence.tasks import EnqueueOptions
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # venvs built with pip: minutes on a busy machine
 
 HEADER = '''
 from pydantic import BaseModel
