@@ -147,6 +147,12 @@ def test_a_step_whose_job_is_gone_shows_the_workflow_stuck_with_the_remedy(serve
     found = orjson.loads(shown.stdout)
     assert found["stuck"] == ["workflowapp.boom"]
     assert f"ringfence workflow cancel {wid}" in found["remedy"]
+    doctor = cli(namespace, redis_url, "doctor", "--sample-s", "0", "--json")
+    assert doctor.returncode == 2, doctor.stderr
+    (finding,) = [f for f in orjson.loads(doctor.stdout)["findings"]
+                  if f["check"] == "workflow_stuck" and f["numbers"]["workflow"] == wid]
+    assert (finding["status"], finding["numbers"]["stuck"]) == ("failure", ["workflowapp.boom"])
+    assert f"ringfence workflow cancel {wid}" in finding["remedy"] and wid in finding["symptom"]
 
 
 def test_chord_member_dead_fails_or_continues_by_its_policy(served: Served) -> None:

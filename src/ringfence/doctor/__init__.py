@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ringfence.doctor import fences, outbox, queues, topology, workers  # noqa: F401  (checks register on import)
+from ringfence.doctor import fences, outbox, queues, topology, workers, workflows  # noqa: F401  (checks register on import)
 from ringfence.doctor.context import Context, Snapshot, Thresholds
 from ringfence.doctor.model import CHECKS, Finding, Report, Status
 from ringfence.inspect import queue_gauges
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 #: The diagnostic map's order (DESIGN.md section 4): consumers first, money last.
 ORDER = ("topology", "backlog_stalled", "queue_unserved", "environment", "error_wave", "retry_storm", "future_load",
          "orphaned", "stuck_active", "shutdown_timeout", "starvation", "outbox_lag", "outbox_parked", "in_doubt",
-         "owner_gone", "effects", "eviction", "memory", "redis_version", "timeouts")
+         "owner_gone", "effects", "workflow_stuck", "eviction", "memory", "redis_version", "timeouts")
 
 __all__ = ["CHECKS", "Context", "Finding", "Report", "Snapshot", "Status", "Thresholds", "diagnose",
            "queue_gauges", "run_checks"]
