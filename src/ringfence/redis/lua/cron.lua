@@ -9,6 +9,13 @@
 -- ARGV[4] tick ms to mark handled even when not enqueued (missed ticks skipped by the catch-up mode; 0 = none)
 -- ARGV[5..] triples, ascending ticks: tick ms, job id, spec JSON
 -- Returns: the ticks enqueued by this call.
+--@include allowed
+-- Commands (ACL) checked before the first write: a tick stored but not queued would never run.
+local denied = allowed('cron', {
+  {'HGET', KEYS[5], 'name'}, {'HSET', KEYS[5], 'name', '0'}, {'HSETNX', KEYS[1], 'id', 'spec'},
+  {'LPUSH', KEYS[2], 'id'}, {'HINCRBY', KEYS[4], 'enqueued', '1'}, {'ZCOUNT', KEYS[3], '0', '0'},
+  {'PUBLISH', ARGV[2], '1'}})
+if denied then return denied end
 local last = tonumber(redis.call('HGET', KEYS[5], ARGV[3]) or '0')
 local out = {}
 for i = 5, #ARGV, 3 do

@@ -18,11 +18,21 @@
 -- refused) or the id of the queued or running job that holds the unique key.
 local now = tonumber(ARGV[1])
 --@include add_job
+--@include allowed
+-- Arguments and commands (ACL) checked before the first write: a sent record without its job is never resent.
 for i = 3, #ARGV, 5 do
   if not tonumber(ARGV[i + 2]) or not tonumber(ARGV[i + 4]) then
     return redis.error_reply('relay: run-at and hold end of job ' .. ARGV[i] .. ' must be numbers')
   end
 end
+local denied = allowed('relay', {
+  {'ZSCORE', KEYS[8], 'id'}, {'ZADD', KEYS[8], '0', 'id'},
+  {'HSETNX', KEYS[1], 'id', 'spec'}, {'HGET', KEYS[1], 'id'}, {'HEXISTS', KEYS[1], 'id'}, {'LPUSH', KEYS[2], 'id'},
+  {'ZADD', KEYS[3], '0', 'id'}, {'ZCOUNT', KEYS[4], '0', '0'}, {'HINCRBY', KEYS[5], 'enqueued', '1'},
+  {'HGET', KEYS[6], 'key'}, {'HSET', KEYS[6], 'key', 'id'}, {'HDEL', KEYS[6], 'key'},
+  {'ZRANGEBYSCORE', KEYS[7], '0', '0'}, {'ZSCORE', KEYS[7], 'key'}, {'ZADD', KEYS[7], '0', 'key'},
+  {'ZREM', KEYS[7], 'key'}, {'PUBLISH', ARGV[2], '1'}})
+if denied then return denied end
 forget_stale_holds(now)
 local out, added, ready, refused = {}, 0, 0, 0
 for i = 3, #ARGV, 5 do

@@ -1,0 +1,77 @@
+"""The scripts that add jobs outside enqueue — the outbox relay's and the cron scheduler's — ask Redis for every
+command they run (ACL) before their first write: a refused call leaves nothing half-written (no sent record
+without its job, no tick stored but never queued) and says in one line which command the user lacks."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+
+from ringfence import App
+from ringfence.redis.embedded import EmbeddedRedis
+from ringfence.errors import NotPermitted
+from ringfence.models import JobSpec
+from ringfence.redis import outbox as redis_outbox
+from ringfence.scheduler import Scheduler
+
+#: The least-privilege user of docs/deployment.md (tests/test_acl.py), minus one command.
+ACL = "on >s3cret resetkeys ~{ns}:* resetchannels &{ns}:* -@all +@read +@write +@scripting +@pubsub " \
+      "+@connection +@transaction +time +info -@dangerous -{denied}"
+
+
+def acl_app(server: EmbeddedRedis, namespace: str, denied: str) -> tuple[App, redis.Redis]:
+    admin = redis.Redis.from_url(server.url)
+    admin.execute_command("ACL", "SETUSER", "producer", *ACL.format(ns=namespace, denied=denied).split())
+    return App(server.url.replace("redis://", "redis://producer:s3cret@"), namespace, environment="test"), admin
+
+
+def keys(admin: redis.Redis, namespace: str) -> list[bytes]:
+    return sorted(k for k in admin.keys(f"{namespace}:*") if not k.endswith(b":queues"))
+
+
+def assert_one_line(caught: pytest.ExceptionInfo[NotPermitted], script: str, command: str) -> None:
+    said = str(caught.value)
+    assert said.startswith(f"{script} refused before any write: this Redis user may not run {command} on ")
+    assert "\n" not in said and "ACL" in said
+
+
+@pytest.mark.parametrize("denied", ["lpush", "zadd", "hincrby"])
+def test_a_relay_refused_by_an_acl_leaves_no_sent_record_and_no_job(private_redis: EmbeddedRedis, namespace: str,
+                                                                    denied: str) -> None:
+    app, admin = acl_app(private_redis, namespace, denied)
+    spec = JobSpec("anything", {"value": 1}, 0.0, 1).encode()
+    for _ in range(2):  # the relay retries a refused batch: refused again, never recorded as sent
+        with pytest.raises(NotPermitted) as caught:
+            app.broker.run(redis_outbox.relay(app.broker, "default", [("order-1", spec, 0, "", 0)]))
+        assert_one_line(caught, "relay", denied.upper())
+    assert keys(admin, namespace) == []
+    app.close()
+
+
+@pytest.mark.parametrize("denied", ["lpush", "hset"])
+def test_a_cron_tick_refused_by_an_acl_stores_nothing(private_redis: EmbeddedRedis, namespace: str,
+                                                      denied: str) -> None:
+    app, admin = acl_app(private_redis, namespace, denied)
+
+    @app.periodic("* * * * *", name="every-minute")
+    def every_minute(ctx: object) -> None: ...
+
+    scheduler = Scheduler(app.periodics, app.broker)
+
+    async def refused_then_granted() -> int:
+        for _ in range(2):  # the loop's next tick is refused the same way; the job is not half-stored
+            with pytest.raises(NotPermitted) as caught:
+                await scheduler.tick()
+            assert_one_line(caught, "cron", denied.upper())
+        assert keys(admin, namespace) == []
+        admin.execute_command("ACL", "SETUSER", "producer", f"+{denied}")  # granted: the tick is enqueued once
+        try:
+            return await scheduler.tick()
+        finally:
+            await app.broker.aclose()
+
+    assert asyncio.run(refused_then_granted()) == 1
+    assert admin.llen(app.broker.keys.queue("default").pending) == 1
+    app.close()
