@@ -10,10 +10,10 @@ import pytest
 import redis
 
 from ringfence import App
-from ringfence.redis.embedded import EmbeddedRedis
 from ringfence.errors import NotPermitted
 from ringfence.models import JobSpec
 from ringfence.redis import outbox as redis_outbox
+from ringfence.redis.embedded import EmbeddedRedis
 from ringfence.scheduler import Scheduler
 
 #: The least-privilege user of docs/deployment.md (tests/test_acl.py), minus one command.
