@@ -25,6 +25,9 @@ from support import (  # noqa: F401 (re-exported for tests)
 )
 
 
+# A user's project that tests/test_pytest_plugin.py runs in its own pytest process, offline.
+collect_ignore = ["kitproject"]
+
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     return redis_answering(REDIS_URL)
