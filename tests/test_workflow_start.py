@@ -47,3 +47,29 @@ def test_a_workflow_starts_once_its_transaction_commits_and_never_after_a_rollba
 def test_enqueue_on_commit_refuses_what_is_not_a_transaction(served: Served) -> None:
     with pytest.raises(ringfence.ConfigError, match="str is not a SQLAlchemy Session"):
         ringfence.chain(served.wf.add.s(x=1)).enqueue_on_commit("conn")
+
+
+def test_a_workflow_written_to_the_outbox_starts_once_the_relay_sends_it(served: Served, tmp_path: Path) -> None:
+    from ringfence.outbox.relay import Relay
+    from ringfence.outbox.schema import create_outbox
+
+    wf = served.wf
+    engine = create_engine(database_url("postgresql", tmp_path))
+    try:
+        create_outbox(engine)
+        with engine.begin() as conn:
+            wid = ringfence.chain(wf.add.s(x=1), wf.add.s(x=2)).enqueue_in(conn, business_id="order:2")
+        with engine.connect() as conn:
+            conn.begin()
+            rolled = ringfence.chain(wf.add.s(x=5)).enqueue_in(conn)
+            conn.rollback()
+        assert wf.app.workflow(wid) is None  # nothing reaches Redis before the relay
+        relay = Relay(wf.app, engine=engine)
+        relay.run(once=True)
+        view = settled(wf, wid)
+        assert ([st.result for st in view.steps], view.business_id) == ([1, 3], "order:2")
+        assert [runs(served.dir, st.job_id) for st in view.steps] == [1, 1]
+        relay.run(once=True)
+        assert wf.app.workflow(rolled) is None and runs(served.dir, f"{rolled}.0") == 0
+    finally:
+        engine.dispose()

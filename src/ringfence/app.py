@@ -119,6 +119,9 @@ class App:
             raise ConfigError(f"max_result_bytes={max_result_bytes!r} must be a positive int (bytes) or None")
         self.max_result_bytes = max_result_bytes  # a stored result's record above it is refused (results.py)
         self.registry = Registry()
+        from ringfence import workflows
+
+        self.registry.builtin[workflows.START_TASK] = workflows.starter(self)
         self.retry_profiles: dict[str, RetryPolicy] = {}
         self.breakers: dict[str, BreakerPolicy] = {}
         self.queue_limits: dict[str, int] = {}

@@ -26,16 +26,18 @@ from ringfence.client import Client
 from ringfence.errors import ConfigError
 from ringfence.fence.aftercommit import after_commit
 from ringfence.models import new_job_id
+from ringfence.outbox import write as outbox_write
 from ringfence.redis import workflows as stored
 from ringfence.redis.broker import Broker
 from ringfence.results import DEFAULT_TTL_S
 from ringfence.runtime import Live
-from ringfence.settings import check_name
-from ringfence.tasks import Signature, check_seconds
+from ringfence.settings import TaskOptions, check_name
+from ringfence.tasks import EnqueueOptions, JobContext, Signature, Task, check_seconds
 
 PREVIOUS = "previous"  # the parameter a step declares to receive the result before it
 MAX_STEPS = 10_000
 POLICIES = ("fail", "continue")
+START_TASK = "ringfence.workflow.start"  # the job that starts a workflow written to the outbox (enqueue_in)
 START_RETRY_S = 300.0  # how long a start owed after a commit is retried when Redis does not answer
 log = logging.getLogger("ringfence.workflows")
 
@@ -92,6 +94,18 @@ class Node:
         start = _Start(self, business_id, result_ttl_s)
         await start.broker.aregister_queues([start.queue])
         await start.broker.arun(start.call())
+        return start.workflow_id
+
+    def enqueue_in(self, conn: Any, business_id: str | None = None, result_ttl_s: float | None = None) -> str:
+        """Write the workflow's start into the outbox table in ``conn``'s transaction (no commit, no Redis), one
+        row carrying every step; the relay sends it once the transaction commits and a worker of its queue starts
+        it (``START_TASK``, idempotent by workflow id). Returns the workflow id."""
+        start = _Start(self, business_id, result_ttl_s)
+        payload = {"queue": start.queue, "workflow_id": start.workflow_id, "steps": len(start.steps),
+                   "fields": [[n, v.decode() if isinstance(v, bytes) else v]
+                              for n, v in start.fields(int(time.time() * 1000))]}
+        opts = EnqueueOptions(queue=start.queue, job_id=start.workflow_id)
+        outbox_write.enqueue_in(starter(start.steps[0].sig.task.app), conn, payload, opts)
         return start.workflow_id
 
     def enqueue_on_commit(self, target: Any, business_id: str | None = None, result_ttl_s: float | None = None
@@ -238,16 +252,20 @@ class _Start:
         return queues[0]
 
     def call(self) -> Any:
+        fields = self.fields(self.broker.clock())
+        return stored.start(self.broker, self.queue, self.workflow_id, len(self.steps), fields)
+
+    def fields(self, created_ms: int) -> list[tuple[str, str | bytes | int]]:
         fields: list[tuple[str, str | bytes | int]] = [
             ("state", "running"), ("n", len(self.steps)), ("left", len(self.steps)), ("dead", 0),
-            ("ttl", self.ttl_ms), ("created", self.broker.clock()), ("business_id", self.business_id)]
+            ("ttl", self.ttl_ms), ("created", created_ms), ("business_id", self.business_id)]
         for i, s in enumerate(self.steps):
             head, args = self._spec(i, s)
             fields += [(f"t{i}", self.names[i]), (f"j{i}", f"{self.workflow_id}.{i}"), (f"s{i}", "waiting"),
                        (f"w{i}", len(s.after)), (f"d{i}", ",".join(map(str, s.after))),
                        (f"c{i}", ",".join(map(str, s.then))), (f"p{i}", s.takes), (f"k{i}", int(s.tolerant)),
                        (f"h{i}", head), (f"a{i}", args)]
-        return stored.start(self.broker, self.queue, self.workflow_id, len(self.steps), fields)
+        return fields
 
     def _spec(self, i: int, s: _Step) -> tuple[bytes, bytes]:
         """The step's spec in two parts (lua/_workflow.lua joins them with its enqueue time and its inputs)."""
@@ -264,6 +282,16 @@ class _Start:
         if self.business_id:
             doc["wb"] = self.business_id
         return orjson.dumps(doc)[:-1], orjson.dumps(args)[1:-1]
+
+
+def starter(app: Any) -> Task:  # the App (an import of app.py here would point up the layers)
+    """The task of ``START_TASK`` jobs: a workflow start written to the outbox, run by a worker of its queue."""
+    def start_workflow(ctx: JobContext, queue: str, workflow_id: str, steps: int, fields: list[Any]) -> None:
+        del ctx
+        app.broker.register_queues([queue])
+        app.broker.run(stored.start(app.broker, queue, workflow_id, steps, [(str(n), v) for n, v in fields]))
+
+    return Task(app, start_workflow, TaskOptions(name=START_TASK, expiry_s=None))
 
 
 def _loose(task: str, payload: Any) -> dict[str, Any]:
