@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+import orjson
 import pytest
 
 from ringfence import App, Permanent, ResultTimeout, RetryLater, RetryPolicy
@@ -42,8 +43,8 @@ def test_define_and_enqueue_every_way_the_table_shows(app: App) -> None:
     first = add.with_options(unique_for=60, unique_key="add:{x}").enqueue(x=7, y=1)
     again = add.with_options(unique_for=60, unique_key="add:{x}").enqueue(x=7, y=2)
     assert again == first  # a second enqueue while the first holds the key returns its id
-    with pytest.raises(TypeError, match="positional"):
-        add.enqueue(2, 2)  # type: ignore[arg-type]  # keyword fields only
+    by_position = add.enqueue(2, 3)  # values by position bind to the fields in order, stored by name
+    assert orjson.loads(b.job_spec("default", by_position)).get("a") == {"x": 2, "y": 3}
     assert charge.options.retry.max_attempts == 5
 
 
