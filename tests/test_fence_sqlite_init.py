@@ -53,4 +53,4 @@ def test_first_jobs_of_many_processes_and_threads_on_a_fresh_sqlite_file(tmp_pat
     assert failures == [], f"{len(failures)} first jobs failed:\n" + "\n".join(failures[:3])
     assert [p.exitcode for p in procs] == [0] * PROCESSES
     app = App(redis_url, "sqlite-init", fence_url=url)
-    assert len(app.fence_store.list(limit=1000)) == PROCESSES * THREADS
+    assert len(app.fence_store.list_steps(limit=1000)) == PROCESSES * THREADS

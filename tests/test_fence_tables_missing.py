@@ -105,7 +105,7 @@ def test_sqlite_the_store_read_names_the_file_and_the_command(tmp_path, redis_ur
     store = FenceStore(url)
     try:
         with pytest.raises(FenceTablesMissing) as raised:
-            store.list()
+            store.list_steps()
         assert str(raised.value) == (f"no fence table ringfence_fences in {url}: create the tables with `ringfence "
                                      "fence init` (or put `ringfence fence ddl --dialect sqlite` in a migration)")
         with pytest.raises(FenceTablesMissing):

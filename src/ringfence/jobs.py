@@ -222,7 +222,7 @@ def purge_queue(app: Live, queue: str) -> tuple[int, int]:
     store = app.fence_store_in_use()
     if store is not None:  # few rows: steps past capture are transient
         owners = {r.owner_job_id for s in (FenceState.CALLING, FenceState.EFFECTED)
-                  for r in store.list(state=s, limit=10_000) if r.owner_job_id}
+                  for r in store.list_steps(state=s, limit=10_000) if r.owner_job_id}
         for job_id in sorted(owners):
             if broker.job_state(queue, job_id) == "pending":
                 cancel_job(app, job_id)

@@ -159,7 +159,7 @@ def test_prune_respects_retention(backend: Backend, subject: str, make_owner: Ow
     assert backend.store.get(subject, "cache") is None
     kept = backend.store.get(subject, "charge")
     assert kept is not None and kept.retention_s is None
-    assert [r.step for r in backend.store.list(subject=subject)] == ["charge"]
+    assert [r.step for r in backend.store.list_steps(subject=subject)] == ["charge"]
 
 
 def test_create_all_is_idempotent_and_ddl_names_the_tables(backend: Backend) -> None:

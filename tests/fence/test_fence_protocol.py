@@ -209,7 +209,7 @@ def test_reconcile_unknown_parks_and_stays_parked(backend: Backend, subject: str
             charge(backend, make_owner(job), subject, provider, provider_dedup=True, key_window_s=3600)
     assert backend.store.get(subject, "charge") == parked
     assert len(provider.calls) == 1
-    assert [r.subject for r in backend.store.list(state="in_doubt", subject=subject)] == [subject]
+    assert [r.subject for r in backend.store.list_steps(state="in_doubt", subject=subject)] == [subject]
 
 
 def test_park_without_options(backend: Backend, subject: str, provider: Provider,

@@ -17,9 +17,9 @@ def _row() -> FenceRow:
                     created_at=datetime(2026, 12, 1, tzinfo=UTC))
 
 
-def test_but_is_replace_and_leaves_the_row_alone() -> None:
+def test_replaced_is_replace_and_leaves_the_row_alone() -> None:
     row = _row()
-    new = row.but(state=FenceState.EFFECTED, reference="ref-1")
+    new = row.replaced(state=FenceState.EFFECTED, reference="ref-1")
     assert new == replace(row, state=FenceState.EFFECTED, reference="ref-1")
     assert type(new) is FenceRow and new is not row
     assert row.state is FenceState.CLAIMED and row.reference is None  # the old row is unchanged
@@ -27,6 +27,6 @@ def test_but_is_replace_and_leaves_the_row_alone() -> None:
         new.epoch = 4  # type: ignore[misc]
 
 
-def test_but_refuses_a_field_the_row_does_not_have() -> None:
+def test_replaced_refuses_a_field_the_row_does_not_have() -> None:
     with pytest.raises(TypeError, match="refrence"):
-        _row().but(refrence="x")
+        _row().replaced(refrence="x")

@@ -267,7 +267,7 @@ def test_more_statements_at_once_than_a_pool_holds_never_wait(url_store: FenceSt
 
     assert nested(1) == 20
     assert len(direct._idle) == MAX_IDLE
-    assert url_store.list(subject=subject) == [] and url_store.get(subject, "x") is None
+    assert url_store.list_steps(subject=subject) == [] and url_store.get(subject, "x") is None
 
 
 def test_the_first_fenced_step_on_a_new_store_prepares_in_the_same_round_trips(

@@ -72,7 +72,7 @@ def ddl(dialect: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def list_(app: App, state: str | None, subject: str | None, limit: int, as_json: bool) -> None:
     """Fence rows, latest first."""
-    rows = [_row(r) for r in require_fence_store(app).list(state=state, subject=subject, limit=limit)]
+    rows = [_row(r) for r in require_fence_store(app).list_steps(state=state, subject=subject, limit=limit)]
     if as_json:
         print_json(rows)
         return

@@ -185,7 +185,7 @@ class Run:
         r.charges, r.double_charged_orders = stats["charges"], stats["double_charged_orders"]
         with store.engine.connect() as c:
             r.fence_rows = int(c.execute(select(func.count()).select_from(store.table)).scalar_one())
-        r.in_doubt = len(store.list(state="in_doubt"))
+        r.in_doubt = len(store.list_steps(state="in_doubt"))
         r.dead = int(self.app.broker.queue_counts(QUEUE)["dead"])
 
     def execute(self, progress: Progress) -> RunResult:

@@ -295,7 +295,7 @@ class Core:
         if write is not None and write[0] == "renew":
             return
         if write is not None:
-            self._row = self.row.but(state=FenceState.CALLING, request=write[1][3])
+            self._row = self.row.replaced(state=FenceState.CALLING, request=write[1][3])
         self.called = True
         fault_point("after_calling")
 
@@ -316,7 +316,7 @@ class Core:
         return _as_reference(extract(value) if extract is not None else value)
 
     def _recorded(self, ref: str) -> str:
-        self._row = self.row.but(state=FenceState.EFFECTED, reference=ref)  # as written; no read-back
+        self._row = self.row.replaced(state=FenceState.EFFECTED, reference=ref)  # as written; no read-back
         self.replay = False
         fault_point("after_record")
         return ref

@@ -146,10 +146,10 @@ class _Kept:
 class Conn:
     """One driver connection the store keeps (autocommit), with its cursor."""
 
-    __slots__ = ("broken", "cur", "direct", "fairy", "raw", "wire")
+    __slots__ = ("broken", "cur", "direct", "pooled", "raw", "wire")
 
-    def __init__(self, direct: Direct, fairy: Any) -> None:
-        self.direct, self.fairy, self.raw = direct, fairy, fairy.driver_connection
+    def __init__(self, direct: Direct, pooled: Any) -> None:
+        self.direct, self.pooled, self.raw = direct, pooled, pooled.driver_connection
         self.cur = self.raw.cursor()
         self.broken = False
         self.wire = _wire(direct.dialect, self.raw)
@@ -375,9 +375,9 @@ def _result(sql: Sql, wire: Wire, res: Any) -> Result:
 def _discard(conn: Conn) -> None:
     with suppress(Exception):  # a connection already gone: nothing to give back
         if conn.broken:
-            conn.fairy.invalidate()
+            conn.pooled.invalidate()
         else:
-            conn.fairy.close()  # back to its engine's pool
+            conn.pooled.close()  # back to its engine's pool
 
 
 def _idle(raw: Any) -> bool:

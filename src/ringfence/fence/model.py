@@ -81,7 +81,7 @@ class FenceRow:
     calling_at: datetime | None = None
     completed_at: datetime | None = None
 
-    def but(self, **changes: Any) -> FenceRow:
+    def replaced(self, **changes: Any) -> FenceRow:
         """``dataclasses.replace(self, **changes)`` without its per-call walk of the 18 fields and ``__init__``
         (two per fenced job: the row as written after calling and after the record)."""
         unknown = changes.keys() - _ROW_FIELDS

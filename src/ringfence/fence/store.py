@@ -8,7 +8,7 @@ Example::
 
     store = FenceStore("postgresql+psycopg://app@db/app")
     store.create_all()
-    for row in store.list(state="in_doubt"):
+    for row in store.list_steps(state="in_doubt"):
         print(row.subject, row.step, row.provider_key)
     store.resolve("order:42", "charge", happened=True, reference="ch_123")
 """
@@ -76,14 +76,14 @@ class FenceStore:
         # (MySQL drivers send no BEGIN, and switching autocommit there costs a round trip each way).
         self._pg = self.engine.dialect.name == "postgresql"
         self.auto: Engine = self.engine.execution_options(isolation_level="AUTOCOMMIT") if self._pg else self.engine
-        self._auto1 = self._pg  # single-statement writes in autocommit (one round trip each)
+        self._writes_in_autocommit = self._pg  # single-statement writes in autocommit (one round trip each)
         if not self._pg and isinstance(engine_or_url, str) and "pymysql" in self.engine.dialect.driver:
             # PyMySQL would send `SET autocommit` each way on a shared pool: a small pool of its own, opened in
             # autocommit, for the fence's own single statements (statement alone instead of statement + COMMIT).
             # No overflow limit: the kept driver connections below come from this pool and stay checked out.
             self.auto = make_engine(engine_or_url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=-1)
             skip_idle_ends(self.auto)
-            self._auto1 = True
+            self._writes_in_autocommit = True
             event.listen(self.engine, "engine_disposed", lambda _engine: self.auto.dispose())
         # A store built from a psycopg / PyMySQL URL sends its prebuilt single statements on driver connections it
         # keeps (direct.py): SQLAlchemy's execution path cost more CPU than the statements. An Engine passed in
@@ -120,7 +120,7 @@ class FenceStore:
                 return fn(conn)
         return retrying(self.retry, attempt, "fence read")
 
-    def _read1(self, fn: Callable[[Any], T]) -> T:
+    def _read_prebuilt(self, fn: Callable[[Any], T]) -> T:
         """:meth:`_read` for ``fn`` that runs prebuilt statements only: on a kept driver connection where the
         store has them."""
         direct = self.direct
@@ -135,13 +135,13 @@ class FenceStore:
                 return fn(conn, retried)
         return retrying(self.retry, attempt, what)
 
-    def _write1(self, what: str, fn: Callable[[Any, bool], T]) -> T:
+    def _write_statement(self, what: str, fn: Callable[[Any, bool], T]) -> T:
         """Like :meth:`_write`, for ``fn`` that writes with ONE statement (atomic alone): on a kept driver connection
         where the store has them (``direct.py``), else in autocommit where cheap."""
         direct = self.direct
         if direct is not None:
             return retrying(self.retry, lambda retried: direct.run(lambda conn: fn(conn, retried)), what)
-        if not self._auto1:
+        if not self._writes_in_autocommit:
             return self._write(what, fn)
 
         def attempt(retried: bool) -> T:
@@ -178,16 +178,14 @@ class FenceStore:
         """The fence row, or None."""
         key = {"w_subject": subject, "w_step": step}
         try:
-            m = self._read1(lambda conn: conn.execute(self.stmts.get, key).mappings().first())
+            m = self._read_prebuilt(lambda conn: conn.execute(self.stmts.get, key).mappings().first())
         except Exception as exc:
             self._name_missing_table(exc)
             raise
         return None if m is None else _row(m)
 
-    show = get
-
-    def list(self, *, state: FenceState | str | None = None, subject: str | None = None,
-             limit: int = 100) -> builtins.list[FenceRow]:
+    def list_steps(self, *, state: FenceState | str | None = None, subject: str | None = None,
+                   limit: int = 100) -> builtins.list[FenceRow]:
         """Fences, most recently changed first, filtered by state and/or subject."""
         q = self._select().order_by(self.table.c.updated_at.desc()).limit(limit)
         if state is not None:
@@ -249,14 +247,14 @@ class FenceStore:
                         request=request, retention_s=retention_s, lease_live=True)  # as written; times stay in the db
         if self._pg:  # one statement, one round trip, either way
             pg = self.stmts.pg_capture if request is None else self.stmts.pg_capture_calling
-            m = self._write1("fence capture", lambda conn, _r: conn.execute(pg, values).mappings().one())
+            m = self._write_statement("fence capture", lambda conn, _r: conn.execute(pg, values).mappings().one())
             if m["fresh"]:
                 return mine, True
             return (None if m["id"] is None else _row(m)), False
 
         if self._returning():  # MariaDB: one statement, one round trip, either way
             mc = self.stmts.maria_capture if request is None else self.stmts.maria_capture_calling
-            m = self._write1("fence capture", lambda conn, _r: conn.execute(mc, values).mappings().one())
+            m = self._write_statement("fence capture", lambda conn, _r: conn.execute(mc, values).mappings().one())
             return (mine, True) if m["fresh"] else (_row(m), False)
         ins = self.stmts.insert if request is None else self.stmts.insert_calling
 
@@ -272,7 +270,7 @@ class FenceStore:
                 return _row(m), False
             return mine, True
 
-        return self._write1("fence capture", attempt)
+        return self._write_statement("fence capture", attempt)
 
     def _returning(self) -> bool:
         """MariaDB >= 10.5 (``INSERT … RETURNING``), asked of the server once."""
@@ -317,7 +315,7 @@ class FenceStore:
             if not (retried and expect is not None and self._holds(conn, subject, step, epoch, expect)):
                 raise _fenced_out(subject, step, epoch, states or None)
 
-        self._write1(f"fence {(expect or {}).get('state', 'update')}", attempt)
+        self._write_statement(f"fence {(expect or {}).get('state', 'update')}", attempt)
 
     def mark_calling(self, subject: str, step: str, epoch: int, request: str | None, lease_s: float) -> None:
         """claimed → calling, with the exact request; committed before the provider call."""
@@ -357,7 +355,7 @@ class FenceStore:
     def release(self, subject: str, step: str, epoch: int) -> None:
         """End our lease early (a claimed step failed before its effect); best effort."""
         params = where(subject, step, epoch)
-        self._write1("fence release", lambda conn, _retried: conn.execute(self.stmts.release, params))
+        self._write_statement("fence release", lambda conn, _retried: conn.execute(self.stmts.release, params))
 
     def complete_statement(self, subject: str, step: str, epoch: int, result: str | None,
                            states: Sequence[FenceState] = COMPLETABLE) -> _complete.Bound:
@@ -378,7 +376,7 @@ class FenceStore:
                     retried and self._holds(conn, subject, step, epoch, done)):
                 raise _fenced_out(subject, step, epoch, states)
 
-        self._write1("fence complete", attempt)
+        self._write_statement("fence complete", attempt)
 
     def completion(self, db: Any, subject: str, step: str, epoch: int, result: str | None,
                    states: Sequence[FenceState] = COMPLETABLE) -> AbstractContextManager[Any]:
@@ -498,6 +496,8 @@ class FenceStore:
         except Exception as exc:
             self._name_missing_table(exc)
             raise
+
+    list = list_steps  # the doctor's and the dashboard's call: remove once they call list_steps
 
 
 _PAST_CAPTURE = (FenceState.CALLING.value, FenceState.EFFECTED.value)
