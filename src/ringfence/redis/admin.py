@@ -54,7 +54,8 @@ class Admin:
     def purge(self, queue: str, limit: int) -> Call[int]:
         """Delete up to ``limit`` pending jobs, oldest first."""
         k = self.keys.queue(queue)
-        return Call("purge", [k.pending, k.jobs, k.attempts, k.history, k.stats], [limit], int)
+        return Call("purge", [k.pending, k.jobs, k.attempts, k.history, k.stats, k.waiters, k.waiting, k.dead,
+                              k.dead_jobs], [limit, self.clock()], int)
 
     def job_state(self, queue: str, job_id: str) -> str | None:
         """Where job ``job_id`` is in ``queue``: a state of STATES, 'unknown' (a record in no set: being moved),
