@@ -90,15 +90,24 @@ async def test_workflows_as_the_table_shows(app: App) -> None:
     def tsum(ctx: Any, previous: list[int]) -> int:
         return sum(previous)
 
+    @app.task(store_result=True)
+    def b(ctx: Any, x: int) -> int:
+        return x
+
     chained = ringfence.chain(add.s(x=2, y=2), mul.s(y=4)).enqueue()
     grouped = ringfence.group([add.s(x=i, y=i) for i in range(10)]).enqueue()
     chorded = ringfence.chord([add.s(x=i, y=i) for i in range(10)], tsum.s()).enqueue()
     wids = (chained, grouped, chorded)
+    a_job = add.enqueue(x=1, y=1)
+    b_job = b.with_options(depends_on=[a_job]).enqueue(x=7)
+    assert app.broker.job_state(add.options.queue, b_job) == "waiting"
 
     def done() -> bool:
-        return all((v := app.workflow(w)) is not None and v.state == "done" for w in wids)
+        return (all((v := app.workflow(w)) is not None and v.state == "done" for w in wids)
+                and app.broker.job_state(add.options.queue, b_job) is None)
 
     await drive(Worker(app, concurrency=8), done)
     last = {w: app.workflow(w).steps[-1].result for w in wids}  # type: ignore[union-attr]
     assert last == {chained: 16, grouped: 18, chorded: 90}
+    assert app.result(b_job, timeout=5) == 7
     assert [s.result for s in app.workflow(grouped).steps] == [2 * i for i in range(10)]  # type: ignore[union-attr]
