@@ -60,7 +60,7 @@ lint: setup
 bench: setup
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
-# Every fault of issue 9 at once against real workers (docs/chaos.md); e.g. CHAOS_ARGS="--db mariadb --orders 5000".
+# Every fault at once against real workers (docs/chaos.md); e.g. CHAOS_ARGS="--db mariadb --orders 5000".
 chaos: setup
 	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
 

@@ -7,7 +7,7 @@ job: the worker's user + system CPU over the drain, the context switches of its 
 served (fetch + ack), and Redis's own CPU (those calls, the body's writes, this bench's polling); the rate runs
 from the first acked job to the last. ``--handler`` picks the body in a ``def`` or ``async def`` handler, or a
 no-op of either kind (the pipeline alone). ``--src DIR`` runs another checkout's ``src``; several alternate,
-round after round (docs/benchmarks.md, "Third pass: the sync drain")::
+round after round, so before and after meet the same load::
 
     mkdir -p /tmp/before && git archive <commit> src | tar -x -C /tmp/before
     python -m bench.drain_cpu --jobs 6000 --rounds 4 --src /tmp/before/src --src src

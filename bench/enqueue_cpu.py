@@ -2,10 +2,9 @@
 (``peers.job`` with ``sent`` and ``sleep`` fields, a ``def`` handler) enqueued ``--calls`` times in a loop, one call
 after the other, against a private redis-server on a loopback port. Per call: wall time, CPU of the producer
 (``time.process_time``) and Redis's own time for the script (``INFO commandstats``, ``usec_per_call`` of
-``evalsha``). ``--src DIR`` runs another checkout's ``src``; several alternate, round after round
-(docs/benchmarks.md, "Fourth pass: the enqueue call"). ``--floor`` adds, each round, a PING round trip on a plain
-socket to the same server: what any one blocking call costs from Python here ("The single enqueue at one round
-trip's floor")::
+``evalsha``). ``--src DIR`` runs another checkout's ``src``; several alternate, round after round,
+so before and after meet the same load. ``--floor`` adds, each round, a PING round trip on a plain socket to the
+same server: what any one blocking call costs from Python here::
 
     mkdir -p /tmp/before && git archive <commit> src | tar -x -C /tmp/before
     python -m bench.enqueue_cpu --calls 20000 --rounds 4 --src /tmp/before/src --src src

@@ -4,7 +4,7 @@ A prepared ``SELECT $1::int`` on a kept psycopg connection, ``--calls`` times in
 CPU µs (``time.process_time``, threads included) per call: blocking (``Wire.call``, what a ``def`` job's statements
 cost), on the event loop (``Wire.arun`` on uvloop, an ``async def`` job's), and the thread hop a sync effect of an
 ``async def`` job takes (``fence/hop.py``), empty and around one blocking statement. The async fence's CPU per job
-is the sum of these (docs/benchmarks.md, "Eighth pass")::
+is the sum of these::
 
     python -m bench.fence_statement postgresql+psycopg://root@127.0.0.1:5432/test --rounds 3
 """

@@ -4,8 +4,7 @@ The peer bench's latency figure (``bench/peers``: stamped peer jobs at 200 jobs/
 default settings, start time minus the producer's stamp) with what it costs beside it: the worker's CPU and
 context switches per job, and per job the script calls Redis served (the producer's enqueue included) and all the
 commands it ran (those inside scripts and the body's two included). ``--src DIR`` runs another checkout's ``src``;
-several alternate, round after round, so before and after meet the same load (docs/benchmarks.md,
-"Enqueue-to-start latency: the tail")::
+several alternate, round after round, so before and after meet the same load::
 
     mkdir -p /tmp/before && git archive <commit> src | tar -x -C /tmp/before
     python -m bench.wake_latency --rounds 4 --src /tmp/before/src --src src

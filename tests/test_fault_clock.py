@@ -1,4 +1,4 @@
-"""Worker clocks disagree (issue 9, fault 5): a worker whose clock runs a minute ahead, far more than lease_s,
+"""Worker clocks disagree: a worker whose clock runs a minute ahead, far more than lease_s,
 must not take a live job from a healthy worker. Leases, schedules and expiries are compared on the Redis
 server's clock. The skew is real: the worker process runs under libfaketime."""
 

@@ -1,4 +1,4 @@
-"""Lost and hung Redis connections (issue 9, fault 8).
+"""Lost and hung Redis connections.
 
 - Redis stopped for seconds under a running worker: the worker logs one line when Redis stops answering and
   one when it answers again (not a traceback per attempt), and resumes.

@@ -1,4 +1,4 @@
-"""Redis at maxmemory (issue 9, fault 1): running jobs keep their leases and run once, a worker starts on the
+"""Redis at maxmemory: running jobs keep their leases and run once, a worker starts on the
 full Redis and drains it, enqueue is refused with one line, the doctor reports it.
 
 A private redis-server with a small maxmemory is filled with junk keys (no TTL, so a volatile-* policy has

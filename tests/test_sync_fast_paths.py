@@ -1,5 +1,4 @@
-"""Issue 12, sixth pass (docs/benchmarks.md, "Sixth pass: the sync drain and the `def` start"): the per-job
-work the worker's loop no longer does, and what must not change with it.
+"""Per-job work the worker's loop skips on the sync path, and what must not change with it.
 
 - ``PayloadCodec.decode`` returns a stored plain payload as the handler's kwargs without pydantic's JSON round
   trip when every field already has the exact type pydantic would return; anything else takes the full check.
@@ -103,7 +102,7 @@ async def test_no_job_thread_is_added_while_the_process_waits_for_a_cpu() -> Non
     assert len(runner._threads) == 1
     runner.queued_s = lambda: queued[0]  # type: ignore[method-assign]  # the machine has a CPU for it again
     await asyncio.sleep(0.2)
-    assert len(runner._threads) == 3  # slow calls: one thread each, as before
+    assert len(runner._threads) == 3  # slow calls: one thread each
     release.set()
     assert [await r.future for r in runs] == [True] * 3
     runner.close()

@@ -24,7 +24,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     from bench.peers.run import FIGURES
 
     ap = argparse.ArgumentParser(prog="python -m bench.peers",
-                                 description="ringfence beside other Redis job queues (issue 12)")
+                                 description="ringfence beside other Redis job queues")
     ap.add_argument("--quick", action="store_true", help="small sizes, 1 repetition, no SIGKILL figure (smoke run)")
     ap.add_argument("--only", help=f"comma-separated libraries: {','.join(lib.name for lib in LIBS)}")
     ap.add_argument("--figures", help=f"comma-separated figures: {','.join(FIGURES)} (default: all but backlog; "

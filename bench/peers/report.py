@@ -1,4 +1,4 @@
-"""The peer benchmark's table (text and Markdown), the targets of issue 12 as ratios, PNG charts, and the
+"""The peer benchmark's table (text and Markdown), ringfence's speed targets as ratios, PNG charts, and the
 generated part of docs/benchmarks.md (between the ``peers:begin``/``peers:end`` markers)."""
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def table_rows(out: dict[str, Any], libs: list[Lib]) -> tuple[list[str], list[li
 
 
 def targets(out: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """Issue 12's targets as ratios in this run: (target, figures, PASS/MISS/–)."""
+    """ringfence's speed targets as ratios in this run: (target, figures, PASS/MISS/–)."""
     r = out["results"]
     found: list[tuple[str, str, str]] = []
 
@@ -162,7 +162,7 @@ def text(out: dict[str, Any], libs: list[Lib]) -> str:
         lines.append("* a drain that did not finish in time: the rate of the jobs done by then")
     found = targets(out)
     if found:
-        lines += ["", "targets (issue 12):"] + [f"  {st:<4} {t}: {fig}" for t, fig, st in found]
+        lines += ["", "targets:"] + [f"  {st:<4} {t}: {fig}" for t, fig, st in found]
     for lib, errs in out["errors"].items():
         lines += [f"FAILED {lib}: {e}" for e in errs]
     return "\n".join(lines)
@@ -177,7 +177,7 @@ def markdown(out: dict[str, Any], libs: list[Lib], charts: list[str]) -> str:
         lines += ["", "\\* the drain did not finish within the time limit: the rate of the jobs done by then."]
     found = targets(out)
     if found:
-        lines += ["", "Targets of issue 12, as ratios in this run:", "", "| target | this run | |", "|---|---|---|"]
+        lines += ["", "Targets, as ratios in this run:", "", "| target | this run | |", "|---|---|---|"]
         lines += [f"| {t} | {fig} | {st} |" for t, fig, st in found]
     errs = [f"- {lib}: {e}" for lib, es in out["errors"].items() for e in es]
     if errs:

@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     full = not (args.quick or args.only or args.figures)
     if args.docs if args.docs is not None else (full and not args.from_json):
         report.write_docs(out, libs)
-        say("wrote docs/benchmarks.md (Peers section) and docs/img/peers-*.png")
+        say("wrote docs/benchmarks.md (its peer table) and docs/img/peers-*.png")
     return 1 if out["errors"] and not out["results"] else 0
 
 

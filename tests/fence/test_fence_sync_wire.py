@@ -44,7 +44,7 @@ def test_a_prepared_sync_statement_is_one_blocking_libpq_call(pg_store: FenceSto
     """Once the kept connection has prepared the fence's statements, each of a strict step's four statements is one
     ``exec_prepared`` (the interpreter let go once per round trip), not the non-blocking send / wait / read
     sequence that lets go of it in each libpq call: in a worker with ten job threads every such hand-over was a
-    context switch. The step completes as before."""
+    context switch. The step still completes."""
     one_job(pg_store, make_owner(), f"{subject}-warm", provider)  # prepares the four statements
     direct = pg_store.direct
     assert direct is not None and direct._idle

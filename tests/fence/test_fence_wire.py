@@ -291,7 +291,7 @@ def test_the_first_fenced_step_on_a_new_store_prepares_in_the_same_round_trips(
 
 def test_a_kept_statement_takes_the_cursor_for_what_it_cannot_send_as_text(url_store: FenceStore,
                                                                            subject: str) -> None:
-    """A parameter libpq would cut (a NUL) goes through psycopg's cursor, which refuses it as before; the same
+    """A parameter libpq would cut (a NUL) goes through psycopg's cursor, which refuses it; the same
     statement then runs prepared again."""
     from sqlalchemy.exc import DBAPIError
 

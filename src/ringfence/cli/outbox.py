@@ -94,7 +94,7 @@ def _store(app: App) -> OutboxStore:
               type=click.FloatRange(min=0.0, min_open=True),
               help="seconds between looks at the outbox when it is empty (or when another relay leads)")
 @click.option("--interval", "interval_old", type=click.FloatRange(min=0.0, min_open=True), default=None,
-              hidden=True)  # issue 15's spelling; --interval-s like every other command
+              hidden=True)  # still parses in existing scripts; --interval-s like every other command
 @click.option("--lease-s", "lease_s", default=10.0, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
               help="seconds the relay lease lasts unless renewed (one relay at a time per namespace)")
 def relay(app: App, once: bool, batch: int, interval_s: float, interval_old: float | None, lease_s: float) -> None:

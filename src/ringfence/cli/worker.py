@@ -96,7 +96,7 @@ def _option_args(option: click.Option, value: object) -> list[str]:
 @main.command()
 @app_option
 @click.option("--interval-s", type=float, default=1.0, show_default=True, help="seconds between checks")
-@click.option("--interval", "interval_old", type=float, default=None, hidden=True)  # the old spelling
+@click.option("--interval", "interval_old", type=float, default=None, hidden=True)  # still parses in existing scripts
 def scheduler(app: App, interval_s: float, interval_old: float | None) -> None:
     """Enqueue the app's periodic tasks on their cron schedules (run as many as you like: ticks run once)."""
     import asyncio

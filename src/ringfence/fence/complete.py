@@ -172,7 +172,7 @@ _ERROR_HANDLER = hasattr(Connection, "_handle_dbapi_exception")
 def pg_first(conn: Connection, stmt: Bound) -> int:
     """psycopg sends ``BEGIN`` in a round trip of its own before a transaction's first statement (also in pipeline
     mode). Here the driver connection is switched to autocommit (a client-side flag) and ``BEGIN`` + the UPDATE go
-    out in one pipeline: one round trip, and the transaction is as explicit as before. :func:`restore_autocommit`
+    out in one pipeline: one round trip, and the transaction still begins explicitly. :func:`restore_autocommit`
     switches the flag back once the transaction ended."""
     raw: Any = conn.connection.dbapi_connection
     raw.autocommit = True
@@ -356,7 +356,7 @@ class AloneOnLoop:
     """The store's own sync Engine in an ``async with``: the connection is a spare one an earlier block left unused
     (taken on the loop: no I/O) or is checked out in a thread; a block that sent nothing gives it back on the loop
     (no I/O: nothing is open on it) and completes with the store's async statement (``aalone``), with no second
-    thread hop. A block that wrote commits in a thread, as before. With ``table``, a failure to begin is explained
+    thread hop. A block that wrote commits in a thread. With ``table``, a failure to begin is explained
     as :func:`anaming_databases` does.
 
     A class, not nested ``asynccontextmanager``s: this is the path of every ``async with step.complete(engine)``

@@ -163,10 +163,10 @@ class SyncRunner:
     (its threads sleep on I/O), unless the process's threads waited for a CPU meanwhile (``queued_s``; never
     longer than ``STARVED_MAX_PERIODS`` periods): slow handlers and handlers that wait on a database soon
     get a thread each, while short ones that keep the process busy
-    are run by a few threads, which take the GIL from each other less often than one per slot would
-    (docs/benchmarks.md, "Third pass: the sync drain"). The worker starts two: a second thread costs CPU per job
-    ("Fifth pass: the sync drain") but overlaps one call's blocking I/O with the next, which drains faster on an
-    idle machine, with one process or two ("Seventh pass: the sync drain")."""
+    are run by a few threads, which take the GIL from each other less often than one per slot would. The worker
+    starts two: a second thread costs CPU per job but overlaps one call's blocking I/O with the next, which drains
+    faster on an idle machine, with one process or two (docs/benchmarks.md, "Job threads for I/O-bound sync
+    handlers")."""
 
     def __init__(self, max_threads: int, name: str = "ringfence-job", *, first_threads: int = 1,
                  grow_after_s: float = 0.005, grace_s: float = OVERRUN_GRACE_S) -> None:
@@ -195,8 +195,7 @@ class SyncRunner:
         # A thread that finishes a call while others wait in the queue does not wake the loop (unless
         # ``wake_batch`` are done): it runs the next one, and the loop hears of both when the queue runs dry or
         # ``_poll`` looks, within ``poll_s``. One loop wake-up for several jobs: the loop and the job threads take
-        # the GIL from each other less often (docs/benchmarks.md, "Fourth pass: the drain"; half the slots as
-        # the batch cost 10 % more CPU per peer job than this).
+        # the GIL from each other less often (half the slots as the batch cost 10 % more CPU per peer job).
         self.wake_batch = max_threads
         self.poll_s = 0.002
         self._poller: asyncio.TimerHandle | None = None
@@ -277,7 +276,7 @@ class SyncRunner:
         it cannot be read). When they spent ``STARVED`` of the grower's wait so (a busy machine), no call started
         because the process was not given a CPU, not because a slow call holds every thread: another thread
         would not run the waiting call sooner, and on this path each one added costs CPU per job (the GIL
-        taken from each other more often; docs/benchmarks.md, "Sixth pass: the sync drain and the `def` start")."""
+        taken from each other more often)."""
         total = 0
         try:
             for tid in os.listdir("/proc/self/task"):
