@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from importlib import resources
 from pathlib import Path
 
 from ringfence.app import App
@@ -23,19 +24,9 @@ JOBS = 100_000
 DEAD = 10_000
 LOADS = 20
 
-# The per_minute function of ack.lua, called LOOPS times inside one script: its cost per call, server side.
-PER_MINUTE = """
-local function per_minute(key, kind, now_ms, n)
-  local m = math.floor(tonumber(now_ms) / 60000)
-  if redis.call('HINCRBY', key, kind .. m, n) == n then
-    redis.call('PEXPIRE', key, 90000000)
-    if redis.call('HLEN', key) > 4400 then
-      for _, f in ipairs(redis.call('HKEYS', key)) do
-        if (tonumber(string.sub(f, 2)) or 0) < m - 1440 then redis.call('HDEL', key, f) end
-      end
-    end
-  end
-end
+# lua/_per_minute.lua (included by ack, dead and retry), called ARGV[2] times inside one script: its cost per
+# call, server side.
+PER_MINUTE = resources.files("ringfence.redis").joinpath("lua", "_per_minute.lua").read_text() + """
 for i = 1, tonumber(ARGV[2]) do
   if ARGV[3] == '1' then per_minute(KEYS[1], 'p', ARGV[1], 1) end
 end
