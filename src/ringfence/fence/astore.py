@@ -82,7 +82,11 @@ class AsyncFence:
         async def run(conn: AConn, _retried: bool) -> Any:
             return (await conn.execute(stmt, values)).mappings().first()
 
-        m = await self._run("fence capture", run)
+        try:
+            m = await self._run("fence capture", run)
+        except Exception as exc:
+            self.store.name_missing_table(exc)
+            raise
         if m["fresh"]:
             state = FenceState.CLAIMED if request is None else FenceState.CALLING
             return FenceRow(subject=subject, step=step, state=state, epoch=1, owner_job_id=owner.job_id,

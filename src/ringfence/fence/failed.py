@@ -15,7 +15,7 @@ from sqlalchemy.schema import CreateIndex
 
 from ..models import DeadJob
 from .dbretry import DEFAULT_RETRY, DbRetry, make_engine, retrying, watch_disconnects
-from .schema import FAILED_JOBS_TABLE, create_tables, db_now, db_now_plus, failed_jobs_table
+from .schema import FAILED_JOBS_TABLE, create_tables, db_now, db_now_plus, failed_jobs_table, tables_missing
 
 
 class FailedJobs:
@@ -78,8 +78,9 @@ class FailedJobs:
 
     def record(self, job: DeadJob, spec: dict[str, Any]) -> None:
         """Write the dead job's row: an upsert of its one row not replayed yet, so a repeat (a retry after a
-        lost COMMIT answer, the sweep after a kill) changes nothing."""
-        self._ready()
+        lost COMMIT answer, the sweep after a kill) changes nothing. Without the table: FenceTablesMissing."""
+        if not self._ready():
+            raise tables_missing(self.table.name, self.engine.url.render_as_string(hide_password=True))
         t = self.table
         values = dict(queue=job.queue, task=job.task, payload=spec, reason=job.reason, error=job.error,
                       traceback=job.traceback, attempts=job.attempts, history=job.history)

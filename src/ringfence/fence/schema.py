@@ -170,6 +170,11 @@ def missing_tables(exc: BaseException, table: str, url: str) -> FenceTablesMissi
     text = str(getattr(exc, "orig", None) or exc).lower()
     if table.lower() not in text or not any(m in text for m in _NO_TABLE):
         return None
+    return tables_missing(table, url)
+
+
+def tables_missing(table: str, url: str) -> FenceTablesMissing:
+    """The one line for ``table`` not in the database at ``url``: the command that creates it."""
     dialect = {"postgres": "postgresql"}.get(d := url.partition(":")[0].partition("+")[0], d)
     return FenceTablesMissing(f"no fence table {table} in {safe_url(url)}: create the tables with `ringfence "
                               f"fence init` (or put `ringfence fence ddl --dialect {dialect}` in a migration)")

@@ -205,6 +205,13 @@ class FenceStore:
         if missing is not None:
             raise missing from exc
 
+    def name_missing_table(self, exc: Exception) -> None:
+        """:meth:`_name_missing_table` for a job's step: the SQL error is not chained (a dead job's record shows
+        the one line)."""
+        missing = missing_tables(exc, self.table.name, self._url())
+        if missing is not None:
+            raise missing from None
+
     def db_now(self) -> datetime:
         """The database clock (what every fence timestamp is measured against)."""
         value: datetime = self._read(lambda conn: conn.execute(select(db_now())).scalar_one())
@@ -227,6 +234,15 @@ class FenceStore:
 
     def capture_or_get(self, subject: str, step: str, owner: Owner, phash: str, retention_s: float | None,
                        request: str | None = None) -> tuple[FenceRow | None, bool]:
+        """:meth:`_capture_or_get`; a fence table that is not there is FenceTablesMissing (one line, no SQL)."""
+        try:
+            return self._capture_or_get(subject, step, owner, phash, retention_s, request)
+        except Exception as exc:
+            self.name_missing_table(exc)
+            raise
+
+    def _capture_or_get(self, subject: str, step: str, owner: Owner, phash: str, retention_s: float | None,
+                        request: str | None = None) -> tuple[FenceRow | None, bool]:
         """INSERT the fence (epoch 1, claimed), or read the row holding the key: ``(row, True)`` when this call
         inserted it, ``(existing row, False)`` when the key exists, ``(None, False)`` when the row vanished (or, on
         PostgreSQL, was inserted by another run after this statement began): the caller tries again.
@@ -437,7 +453,11 @@ class FenceStore:
         states = (*_PAST_CAPTURE, FenceState.IN_DOUBT.value) if in_doubt else _PAST_CAPTURE
         states = (*states, FenceState.CLAIMED.value) if claimed else states
         q = self._select().where(t.c.state.in_(states), t.c.owner_job_id == job_id).order_by(t.c.id)
-        return self._read(lambda conn: [_row(m) for m in conn.execute(q).mappings()])
+        try:
+            return self._read(lambda conn: [_row(m) for m in conn.execute(q).mappings()])
+        except Exception as exc:
+            self.name_missing_table(exc)
+            raise
 
     def fence_out(self, row: FenceRow, owner: Owner) -> bool:
         """A ``claimed`` step of a job leaving for dead-letter: epoch+1 with ``owner`` and its lease over, so an

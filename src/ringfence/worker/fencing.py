@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ringfence.errors import FencedOut
+from ringfence.errors import FencedOut, FenceTablesMissing
 from ringfence.fence import DbRetry, Fences, FenceState, Owner
 from ringfence.fence.dbretry import is_transient
 from ringfence.fence.model import FenceRow, step_note
@@ -92,6 +92,8 @@ class Fencing:
             return [], False
         try:
             return await asyncio.to_thread(self._leaving, store, job)
+        except FenceTablesMissing:
+            return [], False  # no fence table, so no step it owns; the job's own error says so
         except Exception as exc:
             if not transient(exc):
                 log.exception("job %s: reading the steps it owns failed", job.id)
