@@ -5,6 +5,12 @@ without its job, no tick stored but never queued) and says in one line which com
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -15,6 +21,7 @@ from ringfence.models import JobSpec
 from ringfence.redis import outbox as redis_outbox
 from ringfence.redis.embedded import EmbeddedRedis
 from ringfence.scheduler import Scheduler
+from support import wait_until
 
 #: The least-privilege user of docs/deployment.md (tests/test_acl.py), minus one command.
 ACL = "on >s3cret resetkeys ~{ns}:* resetchannels &{ns}:* -@all +@read +@write +@scripting +@pubsub " \
@@ -74,4 +81,46 @@ def test_a_cron_tick_refused_by_an_acl_stores_nothing(private_redis: EmbeddedRed
 
     assert asyncio.run(refused_then_granted()) == 1
     assert admin.llen(app.broker.keys.queue("default").pending) == 1
+    app.close()
+
+
+SCHEDULER_APP = """
+from ringfence import App
+
+app = App(environment="test")
+
+@app.periodic("* * * * *", name="every-minute")
+def every_minute(ctx) -> None: ...
+"""
+
+
+def test_the_scheduler_process_logs_the_refusal_in_one_line_and_enqueues_once_granted(
+        private_redis: EmbeddedRedis, namespace: str, tmp_path: Path) -> None:
+    app, admin = acl_app(private_redis, namespace, "lpush")
+    (tmp_path / "cronapp.py").write_text(SCHEDULER_APP)
+    log = tmp_path / "scheduler.log"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RINGFENCE_")},
+           "RINGFENCE_REDIS_URL": private_redis.url.replace("redis://", "redis://producer:s3cret@"),
+           "RINGFENCE_NAMESPACE": namespace, "PYTHONPATH": str(tmp_path)}
+    pending = app.broker.keys.queue("default").pending
+    with log.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "scheduler", "--app", "cronapp:app",
+                                 "--interval-s", "0.2"], env=env, cwd=tmp_path, stdout=sink,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: log.read_text().count("tick failed") >= 2 or proc.poll() is not None, timeout=30)
+        assert keys(admin, namespace) == []
+        admin.execute_command("ACL", "SETUSER", "producer", "+lpush")
+        wait_until(lambda: admin.llen(pending) > 0 or proc.poll() is not None, timeout=30)
+        time.sleep(0.6)  # three more ticks: the same tick is not enqueued again
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()
+    assert admin.llen(pending) == 1
+    text = log.read_text()
+    refused = [line for line in text.splitlines() if "tick failed" in line]
+    assert refused and all(line.endswith("scheduler: tick failed (NotPermitted: cron refused before any write: this "
+                                         f"Redis user may not run LPUSH on {pending} (ACL); grant it, see "
+                                         "docs/deployment.md); retrying in 0.2s") for line in refused), text
+    assert "Traceback" not in text, text
     app.close()

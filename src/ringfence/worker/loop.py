@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 
+from ringfence.errors import RingfenceError
 from ringfence.redis.connection import UNAVAILABLE, Health
 
 log = logging.getLogger("ringfence.worker")
@@ -44,6 +45,9 @@ class Loop:
                     log.warning("%s: Redis unreachable (%s); retrying in %.1fs", self.name, exc, wait_s)
                 else:
                     self.health.lost(exc)
+            except RingfenceError as exc:  # ours say what is wrong in one line (an ACL refusal, a missing table)
+                log.error("%s: tick failed (%s: %s); retrying in %.1fs", self.name, type(exc).__name__, exc,
+                          self.interval_s)
             except Exception:
                 log.exception("%s: tick failed; retrying in %.1fs", self.name, self.interval_s)
             with contextlib.suppress(TimeoutError):
