@@ -24,7 +24,6 @@ from support import (  # noqa: F401 (re-exported for tests)
     wait_until,
 )
 
-
 # A user's project that tests/test_pytest_plugin.py runs in its own pytest process, offline.
 collect_ignore = ["kitproject"]
 
