@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 import redis
+import sqlalchemy as sa
 
 from ringfence import App
 from ringfence.errors import NotPermitted
 from ringfence.models import JobSpec
+from ringfence.outbox import create_outbox
 from ringfence.redis import outbox as redis_outbox
 from ringfence.redis.embedded import EmbeddedRedis
 from ringfence.scheduler import Scheduler
@@ -124,3 +126,42 @@ def test_the_scheduler_process_logs_the_refusal_in_one_line_and_enqueues_once_gr
                                          "docs/deployment.md); retrying in 0.2s") for line in refused), text
     assert "Traceback" not in text, text
     app.close()
+
+
+def test_relay_once_refused_by_an_acl_says_it_in_one_line_and_the_row_still_waits(
+        private_redis: EmbeddedRedis, namespace: str, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/app.db"
+    engine = sa.create_engine(url)
+    create_outbox(engine)
+    producer, admin = acl_app(private_redis, namespace, "lpush")
+    app = App(private_redis.url, namespace, environment="test", fence_url=url)
+    charge = app.task(queue="orders", name="charge")(producer_side)
+    with engine.begin() as conn:
+        job_id = charge.enqueue_in(conn, n=1)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RINGFENCE_")},
+           "RINGFENCE_REDIS_URL": producer.broker.url, "RINGFENCE_NAMESPACE": namespace, "RINGFENCE_FENCE_URL": url}
+
+    def relay_once() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ringfence.cli", "relay", "--once"], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+
+    pending = app.broker.keys.queue("orders").pending
+    refused = relay_once()
+    assert refused.returncode == 3, refused.stderr  # the CLI's exit code for what Redis refused
+    assert [line for line in refused.stderr.splitlines() if "INFO" not in line] == [
+        "error: relay refused before any write: this Redis user may not run LPUSH on "
+        f"{pending} (ACL); grant it, see docs/deployment.md"], refused.stderr
+    assert [k for k in keys(admin, namespace) if b"outbox_sent" in k or b"jobs" in k] == []  # no sent record
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT job_id FROM ringfence_outbox")).scalars().all() == [job_id]
+    admin.execute_command("ACL", "SETUSER", "producer", "+lpush")
+    sent = relay_once()
+    assert sent.returncode == 0 and "relayed 1 row(s) (1 sent, 0 refused" in sent.stderr + sent.stdout, sent.stderr
+    assert admin.llen(pending) == 1
+    app.close()
+    producer.close()
+    engine.dispose()
+
+
+def producer_side(ctx: object, n: int) -> None:
+    raise AssertionError("runs in the worker")
