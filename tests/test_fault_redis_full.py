@@ -20,6 +20,7 @@ from ringfence import App
 from ringfence.doctor import Context, Snapshot, Thresholds, run_checks
 from ringfence.doctor.model import Status
 from ringfence.errors import RedisFull
+from ringfence.redis import workflows
 from ringfence.redis.broker import Broker
 from ringfence.redis.embedded import EmbeddedRedis, free_port
 from ringfence.redis.outbox import relay
@@ -180,6 +181,8 @@ def test_every_script_declares_keys_of_one_slot() -> None:
         b.extend_slots("task", "t", [("j", 2)]), b.spec_heads("q"), b.cancel("q", "j", {"reason": "r"}),
         b.purge("q", 1), b.latency_sample("q", 1), relay(b, "q", [("j", b"{}", 0, "", 0)]),
         b.pending_slice("q", "j", 0),
+        workflows.start(b, "q", "w", 1, []), workflows.advance(b, "q", "j", "t", "w", 0, b"{}"),
+        workflows.cancel(b, "q", "w"), workflows.depend(b, "q", "j", b"{}", []),
     ]
     for call in calls:
         assert len({key_slot(k.encode()) for k in call.keys}) == 1, call.name
