@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from ringfence.models import JobSpec
 from ringfence.outbox import create_outbox
 from ringfence.redis import outbox as redis_outbox
 from ringfence.redis.embedded import EmbeddedRedis
+from ringfence.redis.scripts import script
 from ringfence.scheduler import Scheduler
 from support import wait_until
 
@@ -165,3 +167,9 @@ def test_relay_once_refused_by_an_acl_says_it_in_one_line_and_the_row_still_wait
 
 def producer_side(ctx: object, n: int) -> None:
     raise AssertionError("runs in the worker")
+
+
+def test_on_a_cluster_the_relay_and_cron_checks_ask_for_the_sharded_publish_they_run() -> None:
+    for name in ("relay", "cron"):
+        sharded = script(name).sharded
+        assert "{'SPUBLISH', " in sharded and re.search(r"[^S]PUBLISH'", sharded) is None, name
