@@ -62,9 +62,9 @@ class Waker:
         if self.broker.cluster:
             self._shards = ShardReaders(self._pubsub)
             self._unsubscribed = [*[k.wake for k in self.queue_keys], *self._own]
-            if not await self._subscribe_shards():  # no node answered: the caller retries (as on one Redis)
-                self._pubsub = None
-                raise redis.ConnectionError("no Redis Cluster node took the wake-up subscriptions")
+            # A channel whose node does not answer (a master failing over) is tried again by each wait after
+            # RETRY_S; the fetch loop serves its queue once the node is back, so a worker starts all the same.
+            await self._subscribe_shards()
         else:
             await self._pubsub.subscribe(*[k.wake for k in self.queue_keys], *self._own)
             register = getattr(self._pubsub.connection, "register_connect_callback", None)
