@@ -10,6 +10,8 @@ from typing import Any
 from ringfence.errors import BadRecord
 from ringfence.models import DeadJob, JobSpec
 from ringfence.redis.broker import Broker
+from ringfence.redis.connection import UNAVAILABLE
+from ringfence.redis.topology import node_of, prepare_reads
 
 
 def queue_gauges(broker: Broker, queue: str) -> dict[str, Any]:
@@ -60,6 +62,42 @@ def versions_in_flight(broker: Broker, queue: str) -> dict[str, Any]:
 
 def info(broker: Broker) -> list[dict[str, Any]]:
     return [queue_info(broker, q) for q in broker.queues()]
+
+
+def info_partial(broker: Broker) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """``info``'s rows of every queue that can be read, and on a Cluster the queues that cannot (their node does
+    not answer), each with that node and the error; outside a Cluster an unreachable Redis raises."""
+    rows: list[dict[str, Any]] = []
+    missing: list[dict[str, str]] = []
+    names = broker.queues()
+    prepare_reads(broker, ("spec_heads",))
+    for q in names:
+        try:
+            rows.append(queue_info(broker, q))
+        except UNAVAILABLE as exc:
+            if not broker.cluster:
+                raise
+            missing.append({"queue": q, "node": node_of(broker, broker.keys.queue(q).pending), "error": _said(exc)})
+    return rows, missing
+
+
+def breakers_partial(broker: Broker) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """``breakers`` of every dependency that can be read, and on a Cluster the ones whose node does not answer."""
+    found: list[dict[str, Any]] = []
+    missing: list[dict[str, str]] = []
+    for dep in broker.dependencies():
+        try:
+            found.append(broker.breaker_state(dep))
+        except UNAVAILABLE as exc:
+            if not broker.cluster:
+                raise
+            missing.append({"breaker": dep, "node": node_of(broker, broker.keys.breaker(dep).state),
+                            "error": _said(exc)})
+    return found, missing
+
+
+def _said(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
 
 
 def breakers(broker: Broker) -> list[dict[str, Any]]:

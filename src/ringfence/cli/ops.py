@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import sys
 import time
 from typing import Any
 
@@ -15,7 +16,10 @@ from ringfence import inspect
 from ringfence.app import App
 from ringfence.cli.base import app_option, main
 from ringfence.errors import ConfigError
+from ringfence.redis.connection import UNAVAILABLE
 from ringfence.settings import check_name
+
+PARTIAL = 4  # a Cluster node is down: the queues it holds are not in the answer
 
 
 def print_json(data: Any) -> None:
@@ -43,17 +47,19 @@ def info(app: App, as_json: bool) -> None:
     has one."""
     from ringfence.outbox.lag import outbox_lag
 
-    rows = inspect.info(app.broker)
-    breakers = inspect.breakers(app.broker)
+    rows, missing = inspect.info_partial(app.broker)
+    breakers, missing_breakers = inspect.breakers_partial(app.broker)
     try:
         outbox = outbox_lag(app)
     except Exception as exc:  # the queues are still worth printing when the database does not answer
         outbox = {"waiting": "?", "oldest_s": "?", "parked": "?", "relay": None,
                   "error": f"{type(exc).__name__}: {exc}"}
-    hint = None if rows else namespace_hint(app)
+    hint = None if rows or missing else namespace_hint(app)
     if as_json:
-        print_json({"namespace": app.namespace, "environment": app.broker.environment(), "queues": rows,
-                    "breakers": breakers, "outbox": outbox, **({"hint": hint} if hint else {})})
+        print_json({"namespace": app.namespace, "environment": _environment(app), "queues": rows,
+                    "breakers": breakers, "outbox": outbox, "unreachable": missing + missing_breakers,
+                    **({"hint": hint} if hint else {})})
+        _exit_partial(missing + missing_breakers)
         return
     cols = ["queue", "pending", "active", "scheduled", "retry", "dead", "processed", "failed", "latency_s", "paused",
             "versions"]
@@ -67,6 +73,26 @@ def info(app: App, as_json: bool) -> None:
     if outbox is not None:
         print_table("outbox", [{**outbox, "relay": outbox["relay"] or "none"}],
                     ["waiting", "oldest_s", "parked", "relay"])
+    _exit_partial(missing + missing_breakers)
+
+
+def _environment(app: App) -> str | None:
+    try:
+        return app.broker.environment()
+    except UNAVAILABLE:
+        if not app.broker.cluster:
+            raise
+        return None
+
+
+def _exit_partial(missing: list[dict[str, str]]) -> None:
+    """A partial answer (a Cluster node down): one line per unread queue or breaker, and exit 4."""
+    if not missing:
+        return
+    for m in missing:
+        what = f"queue {m['queue']}" if "queue" in m else f"breaker {m['breaker']}"
+        click.echo(f"error: {what} cannot be read: node {m['node']} does not answer ({m['error']})", err=True)
+    sys.exit(PARTIAL)
 
 
 def namespace_hint(app: App) -> str:

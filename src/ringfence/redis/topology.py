@@ -8,7 +8,8 @@ from typing import Any
 
 import redis
 
-from ringfence.redis.broker import Broker
+from ringfence.redis.broker import Broker, _compiles
+from ringfence.redis.scripts import PROBE, script
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,40 @@ def cluster_view(broker: Broker) -> ClusterView | None:
                  for address, n in sorted(nodes.items())]
         return ClusterView(node.name, str(info.get("cluster_state")), int(info.get("cluster_slots_ok", 0)), found)
     return None
+
+
+def node_of(broker: Broker, key: str) -> str:
+    """The address of the node that owns ``key``'s slot, as the client's slot map says ("?" outside a Cluster)."""
+    if not broker.cluster:
+        return "?"
+    try:
+        return str(broker.sync.get_node_from_key(key).name)  # type: ignore[attr-defined]
+    except (redis.RedisError, OSError):
+        return "?"
+
+
+def prepare_reads(broker: Broker, scripts: tuple[str, ...]) -> None:
+    """Ready a Cluster client for reads while a node is down: the clock, the script-flags probe and the scripts'
+    loading go to the nodes that answer (the client sends TIME and EVAL without keys to one default node, and SCRIPT
+    LOAD to every master, so one dead node would fail reads of the live ones)."""
+    if not broker.cluster:
+        return
+    for node in broker.sync.get_nodes():  # type: ignore[attr-defined]
+        if node.server_type != "primary":
+            continue
+        try:
+            _prepare(broker, node.redis_connection, scripts)
+        except (redis.RedisError, OSError):
+            continue
+
+
+def _prepare(broker: Broker, conn: Any, scripts: tuple[str, ...]) -> None:
+    if not broker.server_clock.measured:
+        broker.server_clock.measure(conn)
+    if broker._shebang is None:
+        broker._shebang = _compiles(lambda: conn.eval(PROBE, 0))
+    for name in scripts:
+        conn.script_load(script(name).for_server(broker._shebang, True)[0])
 
 
 def _client(like: Any, address: str) -> redis.Redis:

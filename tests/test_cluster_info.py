@@ -1,0 +1,69 @@
+"""``ringfence info`` on a Redis Cluster with a master down: it answers for the queues the live masters hold,
+names the queues it cannot read with their node, and exits 4 (a partial answer), within a bounded time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ringfence import App
+from support import ROOT
+from topology import HAVE_REDIS, Cluster
+
+pytestmark = [pytest.mark.topology,
+              pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server and redis-cli")]
+
+
+def _stamp(ctx: object, n: int) -> None:
+    pass
+
+
+def _info(url: str, ns: str, *extra: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    env = {**os.environ, "RINGFENCE_REDIS_URL": url, "RINGFENCE_NAMESPACE": ns,
+           "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "ringfence.cli", "info", *extra], env=env, capture_output=True,
+                          text=True, timeout=120)
+    return done, time.monotonic() - started
+
+
+def test_info_answers_for_the_live_masters_and_names_the_dead_one(tmp_path: Path) -> None:
+    """No replica, node timeout 60 s: the killed master's slots stay unserved, and no failover meanwhile."""
+    cluster = Cluster(tmp_path, node_timeout_ms=60_000)
+    try:
+        ns = f"inf{uuid.uuid4().hex[:6]}"
+        app = App(cluster.url, ns)
+        task = app.task(name="stamp")(_stamp)
+        by_master: dict[str, str] = {}
+        for i in range(1000):
+            key = app.broker.keys.queue(f"q{i}").pending
+            by_master.setdefault(app.broker.sync.get_node_from_key(key).name, f"q{i}")  # type: ignore[attr-defined]
+        for q in by_master.values():
+            task.with_options(queue=q).enqueue(n=1)
+        home = app.broker.sync.get_node_from_key(app.broker.keys.queues).name  # type: ignore[attr-defined]
+        victim = sorted(m for m in by_master if m != home)[0]
+        app.close()
+        cluster.kill(int(victim.rsplit(":", 1)[1]))
+
+        done, took = _info(cluster.url, ns, "--json")
+        assert done.returncode == 4, done.stdout + done.stderr
+        out = json.loads(done.stdout)
+        assert {r["queue"]: r["pending"] for r in out["queues"]} == {q: 1 for m, q in by_master.items() if m != victim}
+        assert [(u["queue"], u["node"]) for u in out["unreachable"]] == [(by_master[victim], victim)]
+        assert took < 15, f"info took {took:.0f}s"
+
+        done, took = _info(cluster.url, ns)
+        assert done.returncode == 4, done.stdout + done.stderr
+        for m, q in by_master.items():
+            assert (q in done.stdout) == (m != victim), done.stdout
+        assert f"queue {by_master[victim]} cannot be read: node {victim} does not answer" in done.stderr
+        assert took < 15, f"info took {took:.0f}s"
+    finally:
+        cluster.stop()
