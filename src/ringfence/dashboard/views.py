@@ -46,7 +46,7 @@ IN_DOUBT_SHOWN = 200  # the overview counts in-doubt steps up to this many ("200
 def in_doubt_count(app: App) -> int | None:
     """In-doubt fence steps, read up to IN_DOUBT_SHOWN + 1 rows (None: no fence database)."""
     store = app.fence_store_in_use()
-    return None if store is None else len(store.list(state="in_doubt", limit=IN_DOUBT_SHOWN + 1))
+    return None if store is None else len(store.list_steps(state="in_doubt", limit=IN_DOUBT_SHOWN + 1))
 
 
 def minute_charts(counts: dict[str, int], minute: int, which: str, day: bool = True) -> list[Any]:
@@ -130,7 +130,7 @@ def fences(app: App) -> dict[str, Any]:
     from ringfence import inspect
     from ringfence.fence.reads import state_counts
 
-    rows = store.list(state="in_doubt", limit=200)
+    rows = store.list_steps(state="in_doubt", limit=200)
     errors = {}  # the owner's dead-letter error: what its last attempt saw (evidence for the person resolving)
     for owner in {r.owner_job_id for r in rows if r.owner_job_id}:
         dead = inspect.find_dead(app.broker, owner)

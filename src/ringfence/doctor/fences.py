@@ -18,7 +18,7 @@ def _rows(ctx: Context, states: tuple[str, ...]) -> list[Any]:
     """Fence rows in ``states``; raises :class:`Unusable` when the fence database cannot be used."""
     try:
         store: Any = _store(ctx)
-        return [r for state in states for r in store.list(state=state, limit=1000)]
+        return [r for state in states for r in store.list_steps(state=state, limit=1000)]
     except Exception as exc:
         from ringfence.fence.schema import unusable_database
 

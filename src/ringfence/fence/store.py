@@ -517,7 +517,5 @@ class FenceStore:
             self._name_missing_table(exc)
             raise
 
-    list = list_steps  # the doctor's and the dashboard's call: remove once they call list_steps
-
 
 _PAST_CAPTURE = (FenceState.CALLING.value, FenceState.EFFECTED.value)
