@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
+import ringfence
 from ringfence.contrib.otel import RingfenceInstrumentor
 from ringfence.outbox import create_outbox
 from support import ROOT, wait_until
@@ -229,6 +230,18 @@ def test_the_outbox_relay_keeps_the_writers_context(traced: Traced, spawn_worker
     [process] = traced.process_spans(job, 1)
     _stop(w)
     assert _child_of(process, create)
+
+
+def test_workflow_steps_continue_the_trace_that_started_them(traced: Traced, spawn_worker: Any) -> None:
+    m = traced.mod
+    with traced.tracer.start_as_current_span("request") as request:
+        workflow = ringfence.chain(m.hello.s(n=7), m.ahello.s(n=8)).enqueue()
+    w = spawn_worker("--app", "otelapp:app", env=traced.env())
+    steps = [traced.process_spans(f"{workflow}.{i}", 1)[0] for i in range(2)]
+    _stop(w)
+    trace_id = f"0x{request.get_span_context().trace_id:032x}"
+    assert [s["context"]["trace_id"] for s in steps] == [trace_id, trace_id]
+    assert {s["parent_id"] for s in steps} == {_hex(request.get_span_context().span_id)}
 
 
 def test_not_instrumented_specs_carry_no_trace_fields(traced: Traced, redis_url: str) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from ringfence import jobs
-from ringfence.client import Client
+from ringfence.client import Client, Tracing
 from ringfence.errors import ConfigError
 from ringfence.fence.aftercommit import after_commit
 from ringfence.models import new_job_id
@@ -281,6 +281,8 @@ class _Start:
         doc["ws"] = self.names[i]
         if self.business_id:
             doc["wb"] = self.business_id
+        if Tracing.fields is not None:  # each step's run continues the trace that started the workflow
+            doc.update(Tracing.fields())
         return orjson.dumps(doc)[:-1], orjson.dumps(args)[1:-1]
 
 
