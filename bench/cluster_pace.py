@@ -29,11 +29,10 @@ from pathlib import Path
 
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from bench.servers import Cluster, Servers, free_port
+from ringfence import App
 
-from ringfence import App  # noqa: E402
-from topology import Cluster, Servers, free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RECORD = "redis://127.0.0.1:6379/0"  # starts are recorded outside the Redis under test
 APP = '''

@@ -18,11 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from bench.servers import Cluster, Servers, free_port
+from ringfence import App
 
-from ringfence import App  # noqa: E402
-from topology import Cluster, Servers, free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 APP = '''
 import os

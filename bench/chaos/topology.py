@@ -1,114 +1,26 @@
-"""The chaos run's Redis topologies beyond a single server, as private ``redis-server`` processes on loopback ports:
-a Sentinel set (1 master, 1 replica, 3 sentinels) and a Redis Cluster (3 masters, a replica each), with the faults
-the run injects on them: a master SIGKILLed (its replica promoted, the old master back as a replica) and, on the
-cluster, a reshard. Every server keeps an AOF (``appendfsync always``)."""
+"""The chaos run's Redis topologies beyond a single server (bench/servers.py's set-ups, every server with an AOF,
+``appendfsync always``): a Sentinel set (1 master, 1 replica, 3 sentinels) and a Redis Cluster (3 masters, a replica
+each), with the faults the run injects on them: a master SIGKILLed (its replica promoted, the old master back as a
+replica) and, on the cluster, a reshard."""
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import time
-from collections.abc import Callable
 from typing import Any
 
 import redis
 from redis.crc import key_slot
 
-from ringfence.redis.embedded import free_port
+from bench import servers
+from bench.servers import wait_for
 
 AOF = ("--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction")
-SENTINEL_CONF = """sentinel monitor chaos 127.0.0.1 {master} 2
-sentinel down-after-milliseconds chaos 1000
-sentinel failover-timeout chaos 4000
-sentinel parallel-syncs chaos 1
-"""
 
 
-def wait_for(check: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except (redis.RedisError, OSError):
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{what} did not happen within {timeout:g}s")
-
-
-class Servers:
-    """redis-server processes, each in its own process group, with its own directory and log."""
-
+class SentinelSet(servers.SentinelSet):
     def __init__(self, root: str) -> None:
-        self.root = root
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
-
-    def start(self, port: int, *args: str, config: str | None = None) -> None:
-        d = os.path.join(self.root, f"redis-{port}")
-        os.makedirs(d, exist_ok=True)
-        cmd = ["redis-server"]
-        if config is not None:
-            path = os.path.join(d, "sentinel.conf")
-            if not os.path.exists(path):  # a sentinel rewrites its own config: keep what it learnt
-                with open(path, "w") as f:
-                    f.write(config)
-            cmd.append(path)
-        cmd += ["--port", str(port), "--bind", "127.0.0.1", "--dir", d, "--logfile", os.path.join(d, "log"), *args]
-        self.procs[port] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                            start_new_session=True)
-        wait_for(lambda: redis.Redis(port=port, socket_timeout=1).ping(), 20, f"redis-server on {port} answering")
-
-    def kill(self, port: int) -> None:
-        proc = self.procs.pop(port)
-        proc.kill()
-        proc.wait(10)
-
-    def stop(self) -> None:
-        for port in list(self.procs):
-            self.kill(port)
-
-
-class SentinelSet(Servers):
-    def __init__(self, root: str) -> None:
-        super().__init__(root)
-        self.master, self.replica = free_port(), free_port()
-        self.sentinels = [free_port() for _ in range(3)]
-        try:
-            self.start(self.master, *AOF)
-            self.start(self.replica, *AOF, "--replicaof", "127.0.0.1", str(self.master))
-            for s in self.sentinels:
-                self.start(s, "--sentinel", config=SENTINEL_CONF.format(master=self.master))
-            wait_for(self._agreed, 30, "the sentinels agreeing on the master and its replica")
-        except BaseException:
-            self.stop()
-            raise
-
-    def _ask(self, *args: object) -> object:
-        for s in self.sentinels:
-            try:
-                return redis.Redis(port=s, decode_responses=True, socket_timeout=2).execute_command(*args)  # type: ignore[no-untyped-call]
-            except (redis.RedisError, OSError):
-                continue
-        raise redis.ConnectionError("no sentinel answers")
-
-    def _agreed(self) -> bool:
-        master = self._ask("SENTINEL", "MASTER", "chaos")
-        fields = dict(zip(master[::2], master[1::2], strict=True)) if isinstance(master, list) else master
-        assert isinstance(fields, dict)
-        if int(fields["num-other-sentinels"]) < 2 or int(fields["num-slaves"]) < 1:
-            return False
-        link = redis.Redis(port=self.replica, socket_timeout=2).info("replication")
-        return bool(link.get("master_link_status") == "up")
-
-    @property
-    def url(self) -> str:
-        return "redis+sentinel://" + ",".join(f"127.0.0.1:{p}" for p in self.sentinels) + "/chaos"
-
-    def master_port(self) -> int:
-        addr = self._ask("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "chaos")
-        assert isinstance(addr, list)
-        return int(addr[1])
+        super().__init__(root, name="chaos", node_args=AOF)
 
     def client(self) -> redis.Redis:
         return redis.Redis(port=self.master_port(), socket_timeout=5, socket_connect_timeout=2)
@@ -129,40 +41,11 @@ class SentinelSet(Servers):
         return f"master {old} SIGKILLed, {new} promoted in {promoted:.2f}s"
 
 
-class Cluster(Servers):
+class Cluster(servers.Cluster):
     """A Redis Cluster of 3 masters with a replica each (node timeout 2 s), every node with its AOF."""
 
     def __init__(self, root: str, masters: int = 3) -> None:
-        super().__init__(root)
-        self.ports = [_bus_free_port() for _ in range(masters * 2)]
-        try:
-            for p in self.ports:
-                self._node(p)
-            subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in self.ports],
-                            "--cluster-replicas", "1", "--cluster-yes"], check=True, capture_output=True, timeout=60)
-            wait_for(self._settled, 60, "the cluster settling")
-        except BaseException:
-            self.stop()
-            raise
-
-    def _node(self, port: int) -> None:
-        self.start(port, *AOF, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                   "--cluster-node-timeout", "2000")
-
-    def _settled(self) -> bool:
-        """Every node says the cluster is ok and every replica is linked to its master."""
-        for p in self.procs:
-            r = redis.Redis(port=p, decode_responses=True, socket_timeout=2)
-            if r.cluster("info")["cluster_state"] != "ok":
-                return False
-            role = r.info("replication")
-            if role["role"] == "slave" and role.get("master_link_status") != "up":
-                return False
-        return True
-
-    @property
-    def url(self) -> str:
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports) + "/"
+        super().__init__(root, masters=masters, replicas=1, node_args=AOF)
 
     def owner(self, slot: int) -> int:
         """The port of the master serving ``slot``, as a live node says."""
@@ -189,8 +72,8 @@ class Cluster(Servers):
         self.kill(old)
         wait_for(lambda: self.owner(slot) != old and self._ok(), 60, f"a replica taking slot {slot} over")
         promoted = time.monotonic() - t0
-        self._node(old)
-        wait_for(self._settled, 60, f"node {old} rejoining as a replica")
+        self.start_node(old)
+        wait_for(self.settled, 60, f"node {old} rejoining as a replica")
         return f"master {old} SIGKILLed, {self.owner(slot)} promoted in {promoted:.2f}s"
 
     def _ok(self) -> bool:
@@ -212,23 +95,6 @@ class Cluster(Servers):
         if self.owner(slot) == src:
             _move_slot(src, dst, slot, ids, [p for p in sorted(masters)])
         return f"{slots} slots and slot {slot} moved from {src} to {dst} in {time.monotonic() - t0:.2f}s"
-
-
-def _bus_free_port() -> int:
-    """A free port whose cluster bus port (+10000) is a valid free port too."""
-    while True:
-        port = free_port()
-        if port < 55536 and _free(port + 10000):
-            return port
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _cmd(port: int, *args: object) -> Any:
