@@ -207,7 +207,7 @@ class App:
     def task(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
         """Register a handler: ``@app.task`` or ``@app.task(name=..., queue=..., max_attempts=..., timeout_s=...,
         expiry_s=..., retry=RetryPolicy(...), retry_delay=fn(attempt, exc), permanent=(ExcType, ...),
-        version=N, payload=PydanticModel, example={...}, store_result=True, result_ttl_s=...)``."""
+        version=N, payload=PydanticModel, example={...}, store_result=True, result_ttl_s=..., durable_settle=True)``."""
         if fn is not None:
             return self._register(fn, **options)
         return lambda f: self._register(f, **options)
@@ -233,6 +233,7 @@ class App:
         unique_key: Any = None,
         store_result: bool = False,
         result_ttl_s: float | None = None,
+        durable_settle: bool = False,
     ) -> Task:
         if isinstance(retry, str):
             if retry not in self.retry_profiles:
@@ -243,6 +244,8 @@ class App:
             self.breakers.setdefault(dependency, BreakerPolicy())
         check_seconds("unique_for", unique_for, minimum=None)
         check_result_options(store_result, result_ttl_s)
+        if type(durable_settle) is not bool:
+            raise ConfigError(f"durable_settle={durable_settle!r} must be True or False")
         check_seconds("timeout_s", timeout_s, minimum=None)
         if expiry_s is not _DEFAULT:
             check_seconds("expiry_s", expiry_s, minimum=None)
@@ -261,7 +264,8 @@ class App:
         check(options.problems(self.worker_settings))
         task = Task(self, fn, options, tuple(permanent), retry_delay, version=version, payload=payload,
                     example=example, dependency=dependency, concurrency=concurrency, unique_for=unique_for,
-                    unique_key=unique_key, store_result=store_result, result_ttl_s=result_ttl_s)
+                    unique_key=unique_key, store_result=store_result, result_ttl_s=result_ttl_s,
+                    durable_settle=durable_settle)
         self.registry.add(task)
         return task
 

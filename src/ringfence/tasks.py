@@ -79,7 +79,7 @@ class Task(Generic[P, R]):
                  example: dict[str, Any] | None = None, dependency: str | None = None,
                  concurrency: int | None = None, unique_for: float | None = None,
                  unique_key: str | Callable[[dict[str, Any]], str] | None = None, store_result: bool = False,
-                 result_ttl_s: float | None = None) -> None:
+                 result_ttl_s: float | None = None, durable_settle: bool = False) -> None:
         self.app = app
         self.fn = fn
         self.options = options
@@ -95,6 +95,7 @@ class Task(Generic[P, R]):
         self.store_result = store_result  # keep the handler's return value for app.result() (results.py)
         self.result_ttl_s = result_ttl_s  # how long it is kept (None: results.DEFAULT_TTL_S)
 
+        self.durable_settle = durable_settle  # its ack, retry, dead-letter wait for a replica (worker/settle.py)
     @property
     def name(self) -> str:
         return self.options.name

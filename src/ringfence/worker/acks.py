@@ -109,6 +109,11 @@ class Acks:
             self._keep(pending)
             raise error
 
+    def sent(self, queue: str, job_id: str, token: str, raw: bytes, at: float) -> None:
+        """An ack sent at ``at`` (monotonic) by settle.py's confirmed ack, checked after a failover as the batch's
+        are; ``at`` is before the call, so a failure the call itself saw is after it."""
+        self._sent.append((at, queue, job_id, token, raw))
+
     def _keep_sent(self, queue: str, pairs: list[tuple[str, str]], lost: set[str]) -> None:
         now = time.monotonic()
         for job_id, token in pairs:

@@ -1,25 +1,32 @@
 """Settle: record a verdict in Redis. Ack (batched, ``acks.py``; a stored result first), requeue, retry, or
 dead-letter (waking result waiters with the reason); a job
 leaving for dead-letter first has the fence steps it owns checked (a ``calling`` one is now in doubt, and so
-is the job), with its lease renewed meanwhile."""
+is the job), with its lease renewed meanwhile. A task with ``durable_settle=True`` has each of these writes
+confirmed by a replica (``WAIT``, redis/replicas.py) before its slot is free."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import replace
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ringfence import results
 from ringfence.faults import fault_point
 from ringfence.logs import JobLogger, job_logger
 from ringfence.models import DeadJob, Fetched
 from ringfence.redis.broker import Broker
+from ringfence.redis.call import Call
+from ringfence.redis.connection import UNAVAILABLE
+from ringfence.redis.replicas import run_and_wait
 from ringfence.tasks import Registry
 from ringfence.worker import workflows
 from ringfence.worker.acks import Acks
 from ringfence.worker.observers import Observers
 from ringfence.worker.outcomes import Outcome, Verdict
 from ringfence.worker.running import Running
+
+T = TypeVar("T")
 
 
 class Leaving(Protocol):
@@ -30,18 +37,24 @@ class Leaving(Protocol):
 
 class Settler:
     def __init__(self, broker: Broker, server_id: str, acks: Acks, fencing: Leaving, observers: Observers,
-                 registry: Registry, durable: bool) -> None:
+                 registry: Registry, durable: bool, replicas: int = 1, replica_timeout_s: float = 1.0) -> None:
         self.broker, self.server_id, self.acks, self.fencing = broker, server_id, acks, fencing
         self.registry = registry  # a task's result_ttl_s and store_result
         self.observers = observers
         self.durable = durable  # a failed-jobs table exists: the dead-letter script marks its row owed
         self.processed = 0
         self.failed = 0
+        # the tasks whose settling writes wait for ``replicas`` replicas (at least 1), up to the timeout
+        self.confirmed = frozenset(name for name, t in registry.tasks.items() if t.durable_settle)
+        self.replicas, self.timeout_ms = max(1, replicas), int(replica_timeout_s * 1000)
+        self.unconfirmed = 0  # settles no replica confirmed in time (also the queue's settle_unconfirmed stat)
 
     def settle_now(self, r: Running, v: Verdict) -> bool:
         """``settle`` without a coroutine for a plain ack (no stored result, not a duplicate): the ack joins the
         batch. False: ``settle`` records the verdict."""
         if v.outcome is not Outcome.ACK or v.result is not None or v.reason or v.step is not None:
+            return False
+        if self.confirmed and self._confirms(r.job):
             return False
         job = r.job
         self._finished(r, v)
@@ -70,19 +83,59 @@ class Settler:
             if v.result is not None:  # stored before the ack: a crash between them reruns the job, never loses it
                 task = self.registry.get(job.spec.task) if job.spec else None
                 await results.store(b, job.id, task, v.result)
-            self.acks.add(job.queue, job.id, job.token, job.raw)
+            if self.confirmed and self._confirms(job):
+                await self._ack_confirmed(r)
+            else:
+                self.acks.add(job.queue, job.id, job.token, job.raw)
             return
         if v.outcome is Outcome.REQUEUE:
             at = b.clock() + int(v.delay_s * 1000) if v.delay_s else 0
-            await b.arun(b.requeue(job.queue, job.id, job.token, at, v.counter))
+            await self._write(r, b.requeue(job.queue, job.id, job.token, at, v.counter), "requeue")
             return
         self.failed += 1
         entry = {"attempt": job.attempt, "error": v.error, "at": b.clock(), "worker": self.server_id}
         if v.outcome is Outcome.RETRY:
             job_log(r).warning("job %s attempt %d failed: %s; retry in %.1fs", job.id, job.attempt, v.error, v.delay_s)
-            await b.arun(b.retry(job.queue, job.id, job.token, b.clock() + int(v.delay_s * 1000), entry))
+            at = b.clock() + int(v.delay_s * 1000)
+            await self._write(r, b.retry(job.queue, job.id, job.token, at, entry), "retry")
             return
         await self._dead(r, v, entry)
+
+    def _confirms(self, job: Fetched) -> bool:
+        return job.spec is not None and job.spec.task in self.confirmed
+
+    async def _write(self, r: Running, call: Call[T], what: str) -> T:
+        """Run a settling write; for a ``durable_settle`` task, wait until replicas confirm it."""
+        if not (self.confirmed and self._confirms(r.job)):
+            return await self.broker.arun(call)
+        return (await self._confirm(r, call, what))[0]
+
+    async def _confirm(self, r: Running, call: Call[T], what: str) -> tuple[T, bool]:
+        """The write, then WAIT; one the replicas did not confirm in time is logged and counted (it is on the
+        master: a failover before a replica has it loses it)."""
+        parsed, acked = await asyncio.to_thread(run_and_wait, self.broker, call, self.replicas, self.timeout_ms)
+        if acked >= self.replicas:
+            return parsed, True
+        self.unconfirmed += 1
+        job = r.job
+        job_log(r).error("job %s: its %s reached %d of %d replica(s) within %d ms; a failover before a replica has "
+                         "it loses it", job.id, what, acked, self.replicas, self.timeout_ms)
+        await self.broker.aio.hincrby(self.broker.keys.queue(job.queue).stats, "settle_unconfirmed", 1)
+        return parsed, False
+
+    async def _ack_confirmed(self, r: Running) -> None:
+        """Ack alone and wait for the replicas. An unconfirmed ack is kept for the check after a failover (a lost
+        one is recorded as ack_lost, one still leased to this worker is acked again by the batch)."""
+        job, at = r.job, time.monotonic()
+        try:
+            lost, confirmed = await self._confirm(r, self.broker.ack(job.queue, [(job.id, job.token)]), "ack")
+        except UNAVAILABLE:  # the ack may have run on a master that then died: checked once Redis answers
+            self.acks.sent(job.queue, job.id, job.token, job.raw, at)
+            return
+        if lost:
+            job_log(r).warning("ack of job %s refused: its lease had moved to another attempt", job.id)
+        elif not confirmed:
+            self.acks.sent(job.queue, job.id, job.token, job.raw, at)
 
     async def _step_done(self, r: Running, v: Verdict) -> None:
         """A workflow step's ack is its workflow's advance. A duplicate (another run holds its fence) is not acked:
@@ -113,7 +166,8 @@ class Settler:
             durable = job.spec is not None and self.durable
             fault_point("before_dead_letter")  # the steps are parked and committed; the lease may lapse here
             step = workflows.dead_step(job, v.reason, v.error)
-            took = await b.arun(b.dead(job.queue, job.id, job.token, entry, fields, durable=durable, step=step))
+            took = await self._write(r, b.dead(job.queue, job.id, job.token, entry, fields, durable=durable, step=step),
+                                     "dead-letter")
         finally:
             r.sweeping = False
         if not took:

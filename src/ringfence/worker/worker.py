@@ -127,7 +127,7 @@ class Worker:
             self.concurrency, fetcher, Admission(app.registry, broker.clock, s, fencing, observers), gates,
             Runner(pool, broker.clock, fencing, observers, {}, self._restart_required),
             Settler(broker, self.server_id, acks, fencing, observers, app.registry,
-                    durable=bool(rt.fence_url)),
+                    durable=bool(rt.fence_url), replicas=app.min_replicas, replica_timeout_s=app.replica_timeout_s),
             observers, pool)
 
     def _restart_required(self) -> None:
