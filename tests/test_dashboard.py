@@ -3,7 +3,6 @@ read-only, redaction, cancel/purge (also from the CLI) and the per-minute histor
 
 from __future__ import annotations
 
-import re
 import warnings
 from typing import Any
 
@@ -15,6 +14,7 @@ with warnings.catch_warnings():  # Starlette's note on which HTTP client its Tes
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
+from dashboard_support import csrf, logged_in
 from ringfence import App, jobs
 from ringfence.cli import main
 from ringfence.dashboard import create_app
@@ -23,20 +23,6 @@ from ringfence.models import JobSpec
 from support import wait_until
 
 TOKEN = "s3cret-token"
-
-
-def csrf(client: TestClient, path: str = "/") -> str:
-    page = client.get(path)
-    assert page.status_code == 200, page.text
-    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
-    return found.group(1) if found else client.cookies.get("rf_csrf", "")
-
-
-def logged_in(web: Any) -> TestClient:
-    client = TestClient(web)
-    r = client.post("/login", data={"csrf": csrf(client, "/login"), "token": TOKEN}, follow_redirects=False)
-    assert r.status_code == 303, r.text
-    return client
 
 
 @pytest.fixture
@@ -80,7 +66,7 @@ def test_actions_need_token_and_csrf(app: App) -> None:
     token_less = anon.post("/actions/pause", data={"csrf": csrf(anon), "queue": "default", "paused": "1"})
     assert token_less.status_code == 403 and "log in" in token_less.text
     assert "Pause" not in anon.get("/").text
-    client = logged_in(web)
+    client = logged_in(web, TOKEN)
     no_csrf = client.post("/actions/pause", data={"queue": "default", "paused": "1"})
     assert no_csrf.status_code == 403 and "CSRF" in no_csrf.text
     wrong = client.post("/actions/pause", data={"csrf": "forged", "queue": "default", "paused": "1"})
@@ -130,7 +116,7 @@ def test_mounted_with_the_host_apps_auth(app: App) -> None:
 def test_cancel_scheduled_and_pending_and_purge(app: App) -> None:
     [later] = app.enqueue_many("charge", [{"order": 1}], delay_s=3600)
     now_job = app.enqueue("charge", order=2)
-    client = logged_in(create_app(app, token=TOKEN))
+    client = logged_in(create_app(app, token=TOKEN), TOKEN)
     assert app.broker.job_state("default", later) == "scheduled"
     r = client.post("/actions/cancel", data={"csrf": csrf(client), "id": later})
     assert r.status_code == 200 and "was scheduled" in r.text
@@ -194,7 +180,7 @@ def test_in_doubt_step_resolved_then_its_dead_job_offered_for_replay(make_app, t
     store.capture("order:7", "charge", Owner(job, "tok", 30.0), "h", None)
     store.mark_calling("order:7", "charge", 1, None, 30.0)
     __import__("ringfence.jobs", fromlist=["cancel_job"]).cancel_job(app, job)  # dead, step in doubt
-    client = logged_in(create_app(app, token=TOKEN))
+    client = logged_in(create_app(app, token=TOKEN), TOKEN)
     page = client.get("/fences").text
     assert 'data-step="order:7/charge"' in page and f"?id={job}" in page
     assert "was calling: the effect may have happened" in page  # the owner's dead-letter error as evidence
@@ -220,7 +206,7 @@ def test_bulk_replay_of_dead_jobs_runs_in_batches(app: App) -> None:
                 p.hset(k.dead_jobs, f"d{i}", b'{"spec":' + __import__("orjson").dumps(spec.decode()) +
                        b',"attempts":3,"history":"[]","died_ms":1,"reason":"max_attempts","error":"boom x"}')
             p.execute()
-    client = logged_in(create_app(app, token=TOKEN))
+    client = logged_in(create_app(app, token=TOKEN), TOKEN)
     data = {"csrf": csrf(client), "op": "replay", "queue": "default", "all": "1", "error": "boom"}
     first = client.post("/actions/dead", data=data)
     assert "replayed 500 job(s) so far; 500 or more dead job(s) matching the filter" in first.text
@@ -313,6 +299,6 @@ def test_a_dead_job_only_in_the_failed_jobs_table_is_found(make_app, tmp_path) -
                                    1, 5, []), {"t": "doomed", "v": 1, "e": 1.0, "a": {"n": 1, "card": "4111"}})
     found = jobs.find_job(app, "lost-1")
     assert found is not None and (found.state, found.source, found.task) == ("dead", "sql", "doomed")
-    page = logged_in(create_app(app, token=TOKEN)).get("/jobs?id=lost-1").text
+    page = logged_in(create_app(app, token=TOKEN), TOKEN).get("/jobs?id=lost-1").text
     assert "failed_jobs table only" in page and "ringfence dead replay lost-1" in page and "4111" not in page
     assert 'action="/actions/dead"' not in page  # Redis has no record to replay: the CLI restores it

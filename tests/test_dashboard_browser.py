@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 
+from dashboard_support import charged_twice
 from ringfence import App
 from support import ROOT, service_missing, wait_until
 
@@ -123,7 +124,9 @@ def login(page: Any, url: str) -> None:
     page.wait_for_selector("text=logged in: actions enabled")
 
 
-def test_operator_session_in_chromium(browser: Any, env: Env, worker: Callable[[], Any]) -> None:
+def dead_later_and_in_doubt(env: Env, worker: Callable[[], Any], request: str | None = None) -> tuple[str, str, str]:
+    """A job a real worker dead-lettered, a scheduled job with a card number in its payload, and a dead job whose
+    ``charge`` step of order:7 is in doubt (calling with ``request``); their ids."""
     from ringfence import jobs
     from ringfence.fence import Owner
 
@@ -137,8 +140,14 @@ def test_operator_session_in_chromium(browser: Any, env: Env, worker: Callable[[
     doubtful = app.enqueue_many("noop", [{"n": 1}], delay_s=3600)[0]
     store = app.fence_store
     store.capture("order:7", "charge", Owner(doubtful, "tok", 30.0), "h", None)
-    store.mark_calling("order:7", "charge", 1, None, 30.0)
+    store.mark_calling("order:7", "charge", 1, request, 30.0)
     jobs.cancel_job(app, doubtful)  # owned a calling step: dead, and the step in doubt
+    return dying, later, doubtful
+
+
+def test_operator_session_in_chromium(browser: Any, env: Env, worker: Callable[[], Any]) -> None:
+    app, b = env.app, env.app.broker
+    dying, later, doubtful = dead_later_and_in_doubt(env, worker)
     url = env.dashboard()
     page = browser.new_page(viewport={"width": 1280, "height": 800})
 
@@ -239,14 +248,9 @@ def test_odd_cookies_forged_messages_and_the_reconcile_page(browser: Any, env: E
     reconcile runs on a click, against the table the app declares, never one named in the address."""
     from sqlalchemy import text
 
-    from ringfence.fence import Owner
-
     store = env.app.fence_store
-    for n in (1, 2):
-        store.capture(f"order:{n}", "charge", Owner(f"job{n}", "tok", 30.0), "h", None)
+    charged_twice(store)
     with store.engine.begin() as c:
-        c.execute(text("create table callbacks (order_id integer, charge_id text)"))
-        c.execute(text("insert into callbacks values (1, 'ch_a'), (1, 'ch_b'), (2, 'ch_c')"))
         c.execute(text("create table users (email text, password_hash text)"))
         c.execute(text("insert into users values ('alice@example.org', 'hash-of-alice')"))
     job = env.app.enqueue("noop", n=1)

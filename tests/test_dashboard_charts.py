@@ -4,11 +4,7 @@ value, per queue (its pending page) and per task (its page); values from what a 
 from __future__ import annotations
 
 import html
-import os
 import re
-import signal
-import subprocess
-import sys
 import warnings
 from datetime import UTC, datetime
 from typing import Any
@@ -20,9 +16,10 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
+from dashboard_support import Workers, worker_env
 from ringfence import App
 from ringfence.dashboard import create_app
-from support import ROOT, wait_until
+from support import wait_until
 
 
 def figure(page: str, title: str) -> str:
@@ -41,10 +38,8 @@ def test_queue_and_task_charts_have_axes_and_values_on_hover(make_app: Any, redi
     app: App = make_app()
     app.task(name="quick")(lambda ctx, **kw: None)
     ids = app.enqueue_many("quick", [{"n": i} for i in range(30)])
-    env = {**os.environ, "RINGFENCE_REDIS_URL": redis_url, "RINGFENCE_NAMESPACE": namespace,
-           "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    worker = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", "dashtasksapp:app"],
-                              env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    workers = Workers(worker_env(redis_url, namespace), "dashtasksapp:app")
+    workers.start()
     try:
         b = app.broker
         client = TestClient(create_app(app))
@@ -64,5 +59,4 @@ def test_queue_and_task_charts_have_axes_and_values_on_hover(make_app: Any, redi
 
         wait_until(lambda: sum(v for _, v in task_chart()) == 30, timeout=15)  # the workers' next heartbeat
     finally:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(10)
+        workers.stop()

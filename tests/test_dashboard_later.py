@@ -4,11 +4,7 @@ with the token and the CSRF value."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -20,24 +16,17 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
+from dashboard_support import Workers, csrf, login, worker_env
 from ringfence import App
 from ringfence.dashboard import create_app
-from support import ROOT, wait_until
+from support import wait_until
 
 TOKEN = "later-token"
 
 
-def csrf(client: TestClient, path: str = "/login") -> str:
-    page = client.get(path)
-    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
-    return found.group(1) if found else client.cookies.get("rf_csrf", "")
-
-
 def logged_in(app: App) -> tuple[TestClient, str]:
     client = TestClient(create_app(app, token=TOKEN))
-    token = csrf(client)
-    assert client.post("/login", data={"csrf": token, "token": TOKEN}, follow_redirects=False).status_code == 303
-    return client, token
+    return client, login(client, TOKEN)
 
 
 def follow(client: TestClient, page: str) -> str:
@@ -51,18 +40,9 @@ def follow(client: TestClient, page: str) -> str:
 
 @pytest.fixture
 def worker(redis_url: str, namespace: str) -> Iterator[Any]:
-    env = {**os.environ, "RINGFENCE_REDIS_URL": redis_url, "RINGFENCE_NAMESPACE": namespace,
-           "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start() -> None:
-        procs.append(subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", "dashtasksapp:app"],
-                                      env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.STDOUT))
-    yield start
-    for p in procs:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait(10)
+    workers = Workers(worker_env(redis_url, namespace), "dashtasksapp:app")
+    yield workers.start
+    workers.stop()
 
 
 @pytest.fixture
@@ -124,7 +104,7 @@ def test_bulk_cancel_of_retrying_jobs(app: App, worker: Any) -> None:
 def test_later_actions_need_the_token_and_the_csrf_value(app: App) -> None:
     job = app.enqueue_many("quick", [{"n": 1}], delay_s=3600)[0]
     anonymous = TestClient(create_app(app, token=TOKEN))
-    form = {"csrf": csrf(anonymous), "op": "run_now", "queue": "default", "state": "scheduled", "id": job}
+    form = {"csrf": csrf(anonymous, "/login"), "op": "run_now", "queue": "default", "state": "scheduled", "id": job}
     assert anonymous.post("/actions/later", data=form).status_code == 403
     client, token = logged_in(app)
     assert client.post("/actions/later", data={**form, "csrf": "wrong"}).status_code == 403

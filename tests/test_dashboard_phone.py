@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from support import ROOT, wait_until
-from test_dashboard_browser import Env, browser, env, login, worker  # noqa: F401  (fixtures)
+from test_dashboard_browser import Env, browser, dead_later_and_in_doubt, env, login, worker  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.slow
 DOCS = ROOT / "docs" / "img"
@@ -29,23 +29,10 @@ WIDER = """() => {
 
 
 def test_every_page_fits_a_phone(browser: Any, env: Env, worker: Callable[[], Any]) -> None:  # noqa: F811
-    from ringfence import jobs
-    from ringfence.fence import Owner
-
     app, b = env.app, env.app.broker
-    env.r.set(f"{env.ns}:test:fail", 1)
-    dying = app.enqueue("flaky", n=1)
-    worker()
-    wait_until(lambda: b.job_state("default", dying) == "dead", timeout=30)
-    env.r.delete(f"{env.ns}:test:fail")
+    request = json.dumps({"amount": 1250, "currency": "EUR", "customer_reference": "c" * 60})
+    dying, later, _ = dead_later_and_in_doubt(env, worker, request)
     app.enqueue_many("noop", [{"n": i} for i in range(20)])
-    later = app.enqueue_many("noop", [{"n": 0, "card": "4111-1111-1111-1111"}], delay_s=3600)[0]
-    doubtful = app.enqueue_many("noop", [{"n": 1}], delay_s=3600)[0]
-    store = app.fence_store
-    store.capture("order:7", "charge", Owner(doubtful, "tok", 30.0), "h", None)
-    store.mark_calling("order:7", "charge", 1, json.dumps({"amount": 1250, "currency": "EUR",
-                                                            "customer_reference": "c" * 60}), 30.0)
-    jobs.cancel_job(app, doubtful)
     import ringfence
 
     noop = app.registry.tasks["noop"]

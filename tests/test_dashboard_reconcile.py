@@ -11,7 +11,6 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -21,6 +20,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
+from dashboard_support import charged_twice, csrf, logged_in
 from ringfence import App
 from ringfence.dashboard import create_app
 from ringfence.errors import ConfigError
@@ -33,18 +33,6 @@ USER_EMAIL, USER_HASH = "alice@example.org", "$argon2id$v=19$secret-hash"
 FINDINGS = ["double_effects", "unfenced", "without_reference", "stale_in_doubt", "owner_gone", "missing_at_provider"]
 
 
-def csrf(client: TestClient) -> str:
-    client.get("/fences")
-    return client.cookies.get("rf_csrf", "")
-
-
-def logged_in(web: Any) -> TestClient:
-    client = TestClient(web)
-    r = client.post("/login", data={"csrf": csrf(client), "token": TOKEN}, follow_redirects=False)
-    assert r.status_code == 303, r.text
-    return client
-
-
 def counts(page: str) -> dict[str, int]:
     found = dict(re.findall(r'data-finding="(\w+)"><td>\w+</td><td class="num[^"]*">(\d+)<', page))
     return {k: int(v) for k, v in found.items()}
@@ -55,11 +43,8 @@ def app(make_app, tmp_path: Path) -> App:
     app = make_app(environment="test", fence_url=f"sqlite:///{tmp_path}/f.db")
     store: FenceStore = app.fence_store
     store.create_all()
-    for n in (1, 2):
-        store.capture(f"order:{n}", "charge", Owner(f"job{n}", "tok", 30.0), "h", None)
+    charged_twice(store)
     with store.engine.begin() as c:
-        c.execute(text("create table callbacks (order_id integer, charge_id text)"))
-        c.execute(text("insert into callbacks values (1, 'ch_a'), (1, 'ch_b'), (2, 'ch_c')"))
         c.execute(text("create table users (id integer, email text, password_hash text)"))
         c.execute(text("insert into users values (1, :e, :h), (2, 'bob@example.org', 'h2')"), {"e": USER_EMAIL,
                                                                                              "h": USER_HASH})
@@ -79,7 +64,7 @@ def test_names_and_templates_in_a_request_are_never_used(app: App) -> None:
         assert "data-finding" not in page.text  # a GET runs nothing
         posted = anon.post("/fences/reconcile", data={**ATTACK, "csrf": csrf(anon)})
         assert posted.status_code == 403 and USER_EMAIL not in posted.text
-    client = logged_in(create_app(app, token=TOKEN))
+    client = logged_in(create_app(app, token=TOKEN), TOKEN)
     no_csrf = client.post("/fences/reconcile", data=ATTACK)
     assert no_csrf.status_code == 403 and "CSRF" in no_csrf.text
     for template in ("{0.__class__.__mro__}", "{:>5000000}"):
@@ -92,7 +77,7 @@ def test_names_and_templates_in_a_request_are_never_used(app: App) -> None:
 
 def test_the_page_agrees_with_ringfence_reconcile(app: App, redis_url: str, namespace: str, tmp_path: Path) -> None:
     app.reconcile_source("charge", ProviderTable("callbacks", "order_id", "charge_id", subject_prefix="order:"))
-    client = logged_in(create_app(app, token=TOKEN))
+    client = logged_in(create_app(app, token=TOKEN), TOKEN)
     page = client.post("/fences/reconcile", data={"csrf": csrf(client), "step": "charge"}).text
     env = {**os.environ, "RINGFENCE_REDIS_URL": redis_url, "RINGFENCE_NAMESPACE": namespace,
            "RINGFENCE_FENCE_URL": f"sqlite:///{tmp_path}/f.db"}
@@ -108,7 +93,7 @@ def test_the_page_agrees_with_ringfence_reconcile(app: App, redis_url: str, name
 
 def test_a_declared_function_and_a_step_without_a_source(app: App) -> None:
     app.reconcile_source("charge", lambda: [Effect("order:1", "ch_a"), Effect("order:3", "ch_x")])
-    client = logged_in(create_app(app, token=TOKEN))
+    client = logged_in(create_app(app, token=TOKEN), TOKEN)
     r = client.post("/fences/reconcile", data={"csrf": csrf(client), "step": "charge"})
     assert "2 fence row(s), 2 effect(s)" in r.text and counts(r.text)["unfenced"] == 1
     del app.reconcile_sources["charge"]
@@ -121,7 +106,7 @@ def test_a_declared_function_and_a_step_without_a_source(app: App) -> None:
 
 def test_a_wrong_declaration_is_one_line_that_lists_no_other_column(app: App) -> None:
     app.reconcile_source("charge", ProviderTable("users", "order_id", "charge_id"))
-    client = logged_in(create_app(app, token=TOKEN))
+    client = logged_in(create_app(app, token=TOKEN), TOKEN)
     r = client.post("/fences/reconcile", data={"csrf": csrf(client), "step": "charge"})
     error = re.search(r'<p class="flash bad">([^<]*)</p>', r.text)
     assert error is not None and error.group(1) == (
@@ -141,7 +126,7 @@ def test_what_the_report_shows_is_redacted(app: App) -> None:
     store.capture("order:9", "charge", Owner("job9", "tok", 30.0), "h", None)
     store.mark_calling("order:9", "charge", 1, json.dumps({"amount": 5, "card_number": "4111-1111"}), 30.0)
     store.park("order:9", "charge", 1)
-    client = logged_in(create_app(app, token=TOKEN))
+    client = logged_in(create_app(app, token=TOKEN), TOKEN)
     with store.engine.begin() as c:  # in doubt for an hour: stale
         c.execute(text("update ringfence_fences set updated_at = :t where subject = 'order:9'"),
                   {"t": "2000-01-01 00:00:00"})

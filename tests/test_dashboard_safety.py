@@ -17,24 +17,13 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
+from dashboard_support import csrf, logged_in
 from ringfence import App
 from ringfence.dashboard import create_app
 from ringfence.models import JobSpec
 
 TOKEN = "s3cret-token"
 ODD = "jeton-\u00e9\u00e8\u4e2d\U0001f600"  # not ASCII
-
-
-def csrf(client: TestClient, path: str = "/") -> str:
-    client.get(path)
-    return client.cookies.get("rf_csrf", "")
-
-
-def logged_in(web: Any) -> TestClient:
-    client = TestClient(web)
-    r = client.post("/login", data={"csrf": csrf(client, "/login"), "token": TOKEN}, follow_redirects=False)
-    assert r.status_code == 303, r.text
-    return client
 
 
 @pytest.fixture
@@ -76,7 +65,7 @@ def test_text_that_is_not_ascii_in_token_header_csrf_or_cookie_is_refused_not_a_
         assert page.status_code == 200, (path, page.text[:200])
         assert "log in for actions" in page.text
     assert app.broker.job_state("default", job) == "pending"
-    real = logged_in(web)  # the right token still works
+    real = logged_in(web, TOKEN)  # the right token still works
     assert real.post("/actions/cancel", data={"csrf": csrf(real), "id": job}).status_code == 200
     assert app.broker.job_state("default", job) is None
 
@@ -95,7 +84,7 @@ def test_a_bad_number_in_the_query_is_a_400_naming_it(app: App, query: str) -> N
 
 def test_a_bad_done_count_is_refused_before_anything_is_replayed(app: App) -> None:
     put_dead(app, "d1", {"order": 1})
-    client = logged_in(create_app(app, token=TOKEN))
+    client = logged_in(create_app(app, token=TOKEN), TOKEN)
     r = client.post("/actions/dead", data={"csrf": csrf(client), "op": "replay", "queue": "default", "all": "1",
                                            "done": "abc"})
     assert r.status_code == 400 and r.text == "refused: done must be a whole number from 0 to 999999999, got 'abc'"
@@ -134,7 +123,7 @@ def test_job_links_carry_the_id_url_encoded(app: App) -> None:
 
 def test_only_messages_the_dashboard_set_are_flashed(app: App) -> None:
     job = app.enqueue("charge", order=1)
-    client = logged_in(create_app(app, token=TOKEN))
+    client = logged_in(create_app(app, token=TOKEN), TOKEN)
     forged = client.get("/", params={"msg": "Your session expired: log in again at https://evil.example"})
     assert "evil.example" not in forged.text and 'class="flash"' not in forged.text
     signed = client.get("/", params={"msg": "paused default", "sig": "0" * 64})

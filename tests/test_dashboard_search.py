@@ -4,11 +4,7 @@ left there by a real worker process."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
 import warnings
 from typing import Any
 
@@ -19,9 +15,10 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
+from dashboard_support import Workers, worker_env
 from ringfence import App
 from ringfence.dashboard import create_app, search
-from support import ROOT, wait_until
+from support import wait_until
 
 
 def ids(page: str) -> set[str]:
@@ -41,17 +38,14 @@ def test_payload_field_search_in_each_state(make_app: Any, redis_url: str, names
         app.task(name=name)(lambda ctx, **kw: None)
     dead = app.enqueue_many("broken", [{"n": i, "customer_id": 42 if i == 3 else i} for i in range(6)])
     retry = app.enqueue_many("later", [{"n": i, "customer_id": 42 if i == 1 else i} for i in range(4)])
-    env = {**os.environ, "RINGFENCE_REDIS_URL": redis_url, "RINGFENCE_NAMESPACE": namespace,
-           "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    worker = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", "dashtasksapp:app"],
-                              env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    workers = Workers(worker_env(redis_url, namespace), "dashtasksapp:app")
+    workers.start()
     try:
         b = app.broker
         wait_until(lambda: all(b.job_state("default", j) == "dead" for j in dead)
                    and all(b.job_state("default", j) == "retry" for j in retry), timeout=30)
     finally:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(10)
+        workers.stop()
     pending = app.enqueue_many("quick", [{"n": i, "customer_id": i % 1000, "meta": {"region": "eu" if i == 7 else "us"},
                                           "email": "a@example.com"} for i in range(3000)])
     scheduled = app.enqueue_many("quick", [{"n": i, "customer_id": 42 + i} for i in range(3)], delay_s=3600)

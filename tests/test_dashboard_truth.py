@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -25,19 +23,19 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
+from dashboard_support import Workers, worker_env
 from ringfence import App
 from ringfence.dashboard import DEFAULT_REDACT, create_app
 from ringfence.dashboard.security import redact
 from ringfence.models import JobSpec
-from support import ROOT, wait_until
+from support import wait_until
 
 TOKEN = "s3cret-token"
 
 
 class Cli:
     def __init__(self, redis_url: str, namespace: str) -> None:
-        self.env = {**os.environ, "RINGFENCE_REDIS_URL": redis_url, "RINGFENCE_NAMESPACE": namespace,
-                    "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        self.env = worker_env(redis_url, namespace)
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "ringfence.cli", *args], env=self.env, capture_output=True,
@@ -60,17 +58,9 @@ def cli(redis_url: str, namespace: str) -> Cli:
 
 @pytest.fixture
 def worker(cli: Cli) -> Iterator[Callable[[], None]]:
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start() -> None:
-        procs.append(subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", "truthapp:app"],
-                                      env=cli.env, start_new_session=True, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.STDOUT))
-
-    yield start
-    for p in procs:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait(10)
+    workers = Workers(cli.env, "truthapp:app")
+    yield workers.start
+    workers.stop()
 
 
 @pytest.fixture
