@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ringfence.errors import BadRecord
+from ringfence.errors import BadRecord, CannotConnect
 from ringfence.models import DeadJob, JobSpec
 from ringfence.redis.broker import Broker
 from ringfence.redis.connection import UNAVAILABLE
@@ -64,35 +64,47 @@ def info(broker: Broker) -> list[dict[str, Any]]:
     return [queue_info(broker, q) for q in broker.queues()]
 
 
-def info_partial(broker: Broker) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+def info_partial(broker: Broker, silent: dict[str, str]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """``info``'s rows of every queue that can be read, and on a Cluster the queues that cannot (their node does
-    not answer), each with that node and the error; outside a Cluster an unreachable Redis raises."""
+    not answer a short PING, or fails the read), each with that node and the error; outside a Cluster an
+    unreachable Redis raises. ``silent``: the masters that did not answer a short PING (``silent_masters``)."""
+    home = node_of(broker, broker.keys.queues)
+    if home in silent:
+        raise CannotConnect(f"the Redis Cluster node holding the queue list, {home}, does not answer ({silent[home]})")
     rows: list[dict[str, Any]] = []
     missing: list[dict[str, str]] = []
     names = broker.queues()
-    prepare_reads(broker, ("spec_heads",))
+    prepare_reads(broker, ("spec_heads",), silent)
     for q in names:
+        node = node_of(broker, broker.keys.queue(q).pending)
         try:
-            rows.append(queue_info(broker, q))
+            if node in silent:
+                missing.append({"queue": q, "node": node, "error": silent[node]})
+            else:
+                rows.append(queue_info(broker, q))
         except UNAVAILABLE as exc:
             if not broker.cluster:
                 raise
-            missing.append({"queue": q, "node": node_of(broker, broker.keys.queue(q).pending), "error": _said(exc)})
+            missing.append({"queue": q, "node": node, "error": _said(exc)})
     return rows, missing
 
 
-def breakers_partial(broker: Broker) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+def breakers_partial(broker: Broker, silent: dict[str, str]
+                     ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """``breakers`` of every dependency that can be read, and on a Cluster the ones whose node does not answer."""
     found: list[dict[str, Any]] = []
     missing: list[dict[str, str]] = []
     for dep in broker.dependencies():
+        node = node_of(broker, broker.keys.breaker(dep).state)
         try:
-            found.append(broker.breaker_state(dep))
+            if node in silent:
+                missing.append({"breaker": dep, "node": node, "error": silent[node]})
+            else:
+                found.append(broker.breaker_state(dep))
         except UNAVAILABLE as exc:
             if not broker.cluster:
                 raise
-            missing.append({"breaker": dep, "node": node_of(broker, broker.keys.breaker(dep).state),
-                            "error": _said(exc)})
+            missing.append({"breaker": dep, "node": node, "error": _said(exc)})
     return found, missing
 
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from ringfence.redis.broker import Broker, _compiles
 from ringfence.redis.scripts import PROBE, script
@@ -82,14 +84,33 @@ def node_of(broker: Broker, key: str) -> str:
         return "?"
 
 
-def prepare_reads(broker: Broker, scripts: tuple[str, ...]) -> None:
+def silent_masters(broker: Broker, timeout_s: float = 1.0) -> dict[str, str]:
+    """Masters of the client's slot map that do not answer a PING within ``timeout_s`` -> the error: a read that
+    would wait the client's socket timeout on each of its retries is skipped instead."""
+    if not broker.cluster:
+        return {}
+    silent: dict[str, str] = {}
+    for node in broker.sync.get_nodes():  # type: ignore[attr-defined]
+        if node.server_type != "primary":
+            continue
+        client = _client(node.redis_connection, node.name, timeout_s)
+        try:
+            client.ping()
+        except (redis.RedisError, OSError) as exc:
+            silent[node.name] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        finally:
+            client.close()
+    return silent
+
+
+def prepare_reads(broker: Broker, scripts: tuple[str, ...], silent: dict[str, str]) -> None:
     """Ready a Cluster client for reads while a node is down: the clock, the script-flags probe and the scripts'
     loading go to the nodes that answer (the client sends TIME and EVAL without keys to one default node, and SCRIPT
     LOAD to every master, so one dead node would fail reads of the live ones)."""
     if not broker.cluster:
         return
     for node in broker.sync.get_nodes():  # type: ignore[attr-defined]
-        if node.server_type != "primary":
+        if node.server_type != "primary" or node.name in silent:
             continue
         try:
             _prepare(broker, node.redis_connection, scripts)
@@ -106,13 +127,14 @@ def _prepare(broker: Broker, conn: Any, scripts: tuple[str, ...]) -> None:
         conn.script_load(script(name).for_server(broker._shebang, True)[0])
 
 
-def _client(like: Any, address: str) -> redis.Redis:
+def _client(like: Any, address: str, timeout_s: float = 2.0) -> redis.Redis:
     """A client of a node the cluster client left out of its map (it did not answer then), with the same login
     and TLS options."""
     host, _, port = address.rpartition(":")
     options = {k: v for k, v in like.connection_pool.connection_kwargs.items()
                if k in ("username", "password", "ssl", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")}
-    return redis.Redis(host=host, port=int(port), socket_timeout=2, socket_connect_timeout=2, **options)
+    return redis.Redis(host=host, port=int(port), socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                       retry=Retry(NoBackoff(), 0), **options)  # one try: a silent node costs timeout_s once
 
 
 def _answers(client: Any) -> bool:
