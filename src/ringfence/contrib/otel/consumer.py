@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -79,29 +80,30 @@ class TraceObserver(Observer):
                     span.add_link(get_current_span(first_ctx).get_span_context(), {"ringfence.link": "first_run"})
 
 
+@contextlib.contextmanager
+def _current(span: Span) -> Iterator[None]:
+    """``span`` is the current span inside; an exception leaving is recorded on it."""
+    token = otel_context.attach(set_span_in_context(span))
+    try:
+        yield
+    except BaseException as exc:
+        span.record_exception(exc)
+        raise
+    finally:
+        otel_context.detach(token)
+
+
 def _sync(fn: Callable[..., Any], span: Span) -> Callable[..., Any]:
     @functools.wraps(fn)
     def traced(*args: Any, **kwargs: Any) -> Any:
-        token = otel_context.attach(set_span_in_context(span))
-        try:
+        with _current(span):
             return fn(*args, **kwargs)
-        except BaseException as exc:
-            span.record_exception(exc)
-            raise
-        finally:
-            otel_context.detach(token)
     return traced
 
 
 def _async(fn: Callable[..., Any], span: Span) -> Callable[..., Any]:
     @functools.wraps(fn)
     async def traced(*args: Any, **kwargs: Any) -> Any:
-        token = otel_context.attach(set_span_in_context(span))
-        try:
+        with _current(span):
             return await fn(*args, **kwargs)
-        except BaseException as exc:
-            span.record_exception(exc)
-            raise
-        finally:
-            otel_context.detach(token)
     return traced
