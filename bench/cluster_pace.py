@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import redis
 
-from bench.servers import Cluster, Servers, free_port
+from bench.servers import Cluster, single_and_cluster, stop_workers
 from ringfence import App
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,17 +106,6 @@ def ready(app: App, n: int) -> None:
     while len(app.broker.servers()) < n and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(1)
-
-
-def stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def runs(ns: str) -> list[tuple[str, str, int, float]]:
@@ -250,21 +238,10 @@ def main() -> int:
         if args.mode == "failover":
             failover(args, d)
             return 0
-        single = Servers(d)
-        port = free_port()
-        single.start(port)
-        replica = free_port()
-        single.start(replica, "--replicaof", "127.0.0.1", str(port))
-        (d / "c").mkdir()
-        cluster = Cluster(d / "c", replicas=1)
-        try:
+        with single_and_cluster(d, replicas=1) as targets:
             for variant in args.variants.split(","):
-                for name, url, is_cluster in (("single Redis", f"redis://127.0.0.1:{port}/0", False),
-                                              ("3-master cluster", cluster.url, True)):
+                for name, url, is_cluster in targets:
                     print(f"{name:17} {variant:8} {pickup(url, is_cluster, variant, args, d)}", flush=True)
-        finally:
-            single.stop()
-            cluster.stop()
     return 0
 
 

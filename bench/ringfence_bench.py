@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from bench import fence_bench as bench_fence
+from bench.servers import stop_workers
 from ringfence.app import App
 from ringfence.redis.embedded import EmbeddedRedis, free_port
 from ringfence.tasks import JobContext, Task
@@ -200,15 +200,7 @@ class Bench:
         try:
             yield procs
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            for p in procs:
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop_workers(procs)
 
     def wait_for(self, what: str, ready: Callable[[], bool], timeout_s: float = 60.0,
                  procs: Sequence[subprocess.Popen[bytes]] = ()) -> None:

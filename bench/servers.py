@@ -1,14 +1,16 @@
 """Private Redis set-ups beyond a single server, as real ``redis-server`` processes on free loopback ports (never the
-shared Redis): a Redis Cluster and a Sentinel set (1 master, 1 replica, 3 sentinels). The tests (tests/topology.py)
-and the chaos run (bench/chaos/topology.py) both start theirs here."""
+shared Redis): a Redis Cluster and a Sentinel set (1 master, 1 replica, 3 sentinels). The tests (tests/topology.py),
+the chaos run (bench/chaos/topology.py) and the cluster benchmarks all start theirs here."""
 
 from __future__ import annotations
 
 import random
+import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import redis
@@ -191,3 +193,35 @@ class SentinelSet(Servers):
         addr = self.ask("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.name)
         assert isinstance(addr, list)
         return int(addr[1])
+
+
+@contextmanager
+def single_and_cluster(directory: Path, replicas: int = 0) -> Iterator[list[tuple[str, str, bool]]]:
+    """A single Redis (with ``replicas`` replicas) and a 3-master cluster (``replicas`` each), stopped on exit: the
+    name, URL and is-a-cluster of each, for a benchmark that compares them."""
+    single, cluster = Servers(directory / "single"), None
+    try:
+        port = free_port()
+        single.start(port)
+        for _ in range(replicas):
+            single.start(free_port(), "--replicaof", "127.0.0.1", str(port))
+        cluster = Cluster(directory / "cluster", replicas=replicas)
+        yield [("single Redis", f"redis://127.0.0.1:{port}/0", False), ("3-master cluster", cluster.url, True)]
+    finally:
+        single.stop()
+        if cluster is not None:
+            cluster.stop()
+
+
+def stop_workers(procs: Iterable[subprocess.Popen[bytes]], wait_s: float = 30) -> None:
+    """SIGTERM each process still running, wait for all to exit (each a SIGKILL after ``wait_s``)."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

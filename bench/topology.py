@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.servers import Cluster, Servers, free_port
+from bench.servers import single_and_cluster, stop_workers
 from ringfence import App
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,10 +73,7 @@ def drain(url: str, jobs: int, workers: int, cluster: bool, appdir: Path) -> tup
                 return time.monotonic() - first[0], done - first[1]
             time.sleep(0.02)
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            p.wait(30)
+        stop_workers(procs)
         app.close()
 
 
@@ -89,20 +85,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         (d / "benchapp.py").write_text(APP)
-        single = Servers(d)
-        port = free_port()
-        single.start(port)
-        (d / "c").mkdir()
-        cluster = Cluster(d / "c")
-        try:
-            for name, url, is_cluster in (("single Redis", f"redis://127.0.0.1:{port}/0", False),
-                                          ("3-master cluster", cluster.url, True)):
+        with single_and_cluster(d) as targets:
+            for name, url, is_cluster in targets:
                 seconds, n = drain(url, args.jobs, args.workers, is_cluster, d)
                 print(f"{name}: {args.jobs} jobs, 3 queues, {args.workers} workers: {n} jobs in {seconds:.2f}s "
                       f"after the first was done ({n / seconds:,.0f} jobs/s)")
-        finally:
-            single.stop()
-            cluster.stop()
     return 0
 
 
