@@ -171,6 +171,7 @@ def test_every_script_declares_keys_of_one_slot() -> None:
     b = Broker("redis+cluster://127.0.0.1:1/", NS, clock=lambda: 1000)
     calls = [
         b.enqueue("q", [("j", b"{}", 0)]), b.enqueue("q", [("j", b"{}", 0)], inline=True),
+        b.debounce("q", ("j", b"{}", 2), "k", 0, "both"),
         b.cron("q", "p", [(1, "j", b"{}")]), b.fetch("q", 1, 2, "t"),
         b.extend("q", [("j", "t", 2)]), b.ack("q", [("j", "t")]), b.ack_lost("q", "w", [("j", "t", b"{}", 1)]),
         b.retry("q", "j", "t", 2, {}),

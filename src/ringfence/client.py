@@ -47,6 +47,17 @@ def _chunks(idx: list[int], prepared: list[Prepared]) -> Iterator[list[int]]:
         yield part
 
 
+def _key(task: Task, args: dict[str, Any], option: str, how: str | Callable[[dict[str, Any]], str]) -> str:
+    """A unique or debounce key from the payload: ``how`` is a template of its fields or a callable."""
+    if callable(how):
+        return str(how(args))
+    try:
+        return how.format(**args)
+    except KeyError as exc:
+        raise ConfigError(f"task {task.name!r}: {option} {how!r} names field {exc} "
+                          "that the payload does not have") from exc
+
+
 class Tracing:
     """Set by an instrumentation (contrib/otel): ``fields()`` gives the spec fields carrying the caller's trace
     context. None: specs stay as they are and plain enqueues keep their fast path."""
@@ -80,8 +91,10 @@ class Client:
     def prepare(self, task: Task, payload: Any, opts: EnqueueOptions, now_ms: float | None = None) -> Prepared:
         """Validate and encode one job. ``payload`` is a dict of fields or the task's payload model.
         ``now_ms``: the time to enqueue at, instead of Redis's clock (the outbox writes without Redis)."""
-        if opts.depends_on is not None:  # enqueue() takes it (_enqueue_after); a batch, the outbox, on_commit do not
-            raise ConfigError(f"task {task.name!r}: depends_on is taken by enqueue() and aenqueue() only")
+        if opts.depends_on is not None or opts.debounce_s is not None:  # enqueue() takes them; a batch, the outbox,
+            # on_commit do not
+            which = "depends_on" if opts.depends_on is not None else "debounce_s"
+            raise ConfigError(f"task {task.name!r}: {which} is taken by enqueue() and aenqueue() only")
         args = task.codec.encode(payload)
         queue = self.check_options(task, opts)
         now = self.app.broker.clock() if now_ms is None else int(now_ms)
@@ -156,14 +169,8 @@ class Client:
         how = opts.unique_key if opts.unique_key is not None else task.unique_key
         if how is None:
             key = f"{task.name}:" + hashlib.sha1(orjson.dumps(args, option=orjson.OPT_SORT_KEYS)).hexdigest()
-        elif callable(how):
-            key = str(how(args))
         else:
-            try:
-                key = how.format(**args)
-            except KeyError as exc:
-                raise ConfigError(f"task {task.name!r}: unique_key {how!r} names field {exc} "
-                                  "that the payload does not have") from exc
+            key = _key(task, args, "unique_key", how)
         return key, start_ms + int(hold_s * 1000)
 
     @staticmethod
@@ -254,6 +261,8 @@ class Client:
                     return self._enqueue_ready(task, payload, ready)
             if opts.depends_on is not None:
                 return self._enqueue_after(task, payload, opts)
+            if opts.debounce_s is not None:
+                return self._enqueue_debounced(task, payload, opts)
             prepared = self.prepare(task, payload, opts)  # enqueue_many for one job, minus its grouping by queue
             queue = prepared[0]
             if queue not in self._known_queues:
@@ -283,6 +292,27 @@ class Client:
         if got[0] == "exists" and opts.raise_on_duplicate:  # as a plain enqueue: an id enqueued twice is one job
             raise DuplicateJob(f"job id {job_id!r} exists already with another payload or time", job_id)
         return job_id
+
+    def _enqueue_debounced(self, task: Task, payload: Any, opts: EnqueueOptions) -> str:
+        """One job that runs ``debounce_s`` after the last enqueue with its key; while it is scheduled, a later one
+        replaces its payload and/or run-at and returns its id (lua/debounce.lua)."""
+        if (opts.delay_s is not None or opts.run_at is not None or opts.job_id is not None
+                or opts.unique_for is not None or task.unique_for is not None):
+            raise ConfigError(f"task {task.name!r}: debounce_s takes no delay_s, run_at, job_id or unique_for "
+                              "(the debounce key decides which job a call replaces)")
+        how = opts.debounce_key
+        key = task.name if how is None else f"{task.name}:{_key(task, task.codec.encode(payload), 'debounce_key', how)}"
+        plain = replace(opts, delay_s=opts.debounce_s, debounce_s=None, debounce_key=None, max_wait_s=None,
+                        replace="both")
+        queue, job_id, spec, at, *_ = self.prepare(task, payload, plain)
+        broker = self.app.broker
+        if queue not in self._known_queues:
+            broker.register_queues([queue])
+            self._known_queues.add(queue)
+        max_wait_ms = 0 if opts.max_wait_s is None else math.ceil(opts.max_wait_s * 1000)
+        got: tuple[str, bool] = self._run(broker.debounce(queue, (job_id, spec, at), key, max_wait_ms, opts.replace),
+                                          opts)
+        return got[0]
 
     def _ready_for(self, task: Task) -> ReadyEnqueue | None:
         """The packed-ahead call for ``task``'s plain enqueues (no options), when they all go inline: no unique
@@ -350,7 +380,7 @@ class Client:
         raise error
 
     async def aenqueue(self, task: Task, payload: Any, opts: EnqueueOptions) -> str:
-        if opts.depends_on is not None:
+        if opts.depends_on is not None or opts.debounce_s is not None:
             return await asyncio.to_thread(self.enqueue, task, payload, opts)
         return (await self.aenqueue_many(task, [payload], opts))[0]
 

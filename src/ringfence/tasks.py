@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, Protocol, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, Protocol, TypedDict, Unpack
 
 from pydantic import BaseModel
 
@@ -30,6 +30,7 @@ else:
     R = TypeVar("R")
 
 RetryDelay = Callable[[int, BaseException], float]
+Replace = Literal["payload", "delay", "both"]  # what a debounced enqueue replaces in the scheduled job
 
 
 class Enqueuer(Protocol):
@@ -94,8 +95,8 @@ class Task(Generic[P, R]):
         self.unique_key = unique_key
         self.store_result = store_result  # keep the handler's return value for app.result() (results.py)
         self.result_ttl_s = result_ttl_s  # how long it is kept (None: results.DEFAULT_TTL_S)
-
         self.durable_settle = durable_settle  # its ack, retry, dead-letter wait for a replica (worker/settle.py)
+
     @property
     def name(self) -> str:
         return self.options.name
@@ -129,7 +130,8 @@ class Task(Generic[P, R]):
     def with_options(self, **options: Unpack[OptionFields]) -> BoundTask[P, R]:
         """Enqueue options: queue, delay_s, run_at (datetime), max_attempts, timeout_s, expiry_s, job_id,
         unique_for (s), unique_key (str template like "order:{order_id}" or callable(payload)), raise_on_duplicate,
-        depends_on (job ids of the same queue: the job runs once they are all done)."""
+        depends_on (job ids of the same queue: the job runs once they are all done), debounce_s, debounce_key,
+        max_wait_s, replace (the last enqueue with a key wins: docs/scheduling.md)."""
         return BoundTask(self, enqueue_options(**options))
 
     def enqueue(self, *args: P.args, **fields: P.kwargs) -> str:
@@ -179,6 +181,10 @@ class OptionFields(TypedDict, total=False):
     durable: bool
     min_replicas: int | None
     depends_on: list[str] | tuple[str, ...] | None
+    debounce_s: float | None
+    debounce_key: str | Callable[[dict[str, Any]], str] | None
+    max_wait_s: float | None
+    replace: Replace
 
 
 @dataclass(frozen=True)
@@ -196,8 +202,13 @@ class EnqueueOptions:
     durable: bool = False            # wait for a replica (min_replicas, or the App's, at least 1): redis/replicas.py
     min_replicas: int | None = None  # replicas that must confirm the enqueue (0: do not wait)
     depends_on: list[str] | tuple[str, ...] | None = None  # job ids of its queue to wait for (docs/workflows.md)
+    debounce_s: float | None = None  # run this long after the last enqueue with debounce_key (docs/scheduling.md)
+    debounce_key: str | Callable[[dict[str, Any]], str] | None = None  # as unique_key; None: the task's name
+    max_wait_s: float | None = None  # a debounced job starts at most this long after its first enqueue
+    replace: Replace = "both"        # what a later enqueue with the key replaces: payload, delay or both
 
     def __post_init__(self) -> None:
+        _check_debounce(self)
         check_seconds("delay_s", self.delay_s, minimum=0.0)
         for name in ("timeout_s", "expiry_s", "unique_for"):
             check_seconds(name, getattr(self, name), minimum=None)
@@ -211,6 +222,16 @@ class EnqueueOptions:
         if deps is not None and (not isinstance(deps, list | tuple) or not deps
                                  or not all(isinstance(d, str) and d for d in deps)):
             raise ConfigError(f"enqueue option depends_on={deps!r} must be a non-empty list of job ids")
+
+
+def _check_debounce(opts: EnqueueOptions) -> None:
+    check_seconds("debounce_s", opts.debounce_s, minimum=None)
+    check_seconds("max_wait_s", opts.max_wait_s, minimum=None)
+    if opts.replace not in ("payload", "delay", "both"):
+        raise ConfigError(f"enqueue option replace={opts.replace!r} must be 'payload', 'delay' or 'both'")
+    if opts.debounce_s is None and (opts.debounce_key is not None or opts.max_wait_s is not None
+                                    or opts.replace != "both"):
+        raise ConfigError("enqueue options debounce_key, max_wait_s and replace need debounce_s")
 
 
 def check_seconds(name: str, value: Any, *, minimum: float | None) -> None:

@@ -274,6 +274,14 @@ class Broker(Reads, Admin):
         return Call("enqueue", [k.jobs, k.pending, k.scheduled, k.idle, k.stats, k.unique, k.unique_exp], args,
                     _enqueued)
 
+    def debounce(self, queue: str, job: tuple[str, bytes, int], key: str, max_wait_ms: int, replace: str
+                 ) -> Call[tuple[str, bool]]:
+        """job: (id, spec, run-at ms). Parses to (id, added): the new job's id, or the id of the scheduled job
+        holding ``key`` whose spec and/or run-at this call replaced (lua/debounce.lua)."""
+        k = self.keys.queue(queue)
+        return Call("debounce", [k.jobs, k.scheduled, k.stats, k.debounce, k.debounce_at],
+                    [self.clock(), *job, key, max_wait_ms, replace], lambda raw: (_str(raw[0]), bool(raw[1])))
+
     def cron(self, queue: str, name: str, ticks: Iterable[tuple[int, str, bytes]], skip_to_ms: int = 0
              ) -> Call[list[int]]:
         """Enqueue due ticks (ascending) of periodic ``name`` once each; mark ``skip_to_ms`` handled."""

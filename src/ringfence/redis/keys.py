@@ -49,6 +49,8 @@ class QueueKeys:
     #                  the jobs leased to that worker (enqueue_ready.lua)
     unique: str      # hash: unique key -> id of the job holding it
     unique_exp: str  # zset: unique key -> ms when the hold ends
+    debounce: str     # hash: debounce key -> '<max wait end ms>:<id of its scheduled job>' (lua/debounce.lua)
+    debounce_at: str  # zset: debounce key -> run-at ms of its job
     cron: str        # hash: periodic name -> last tick ms handled
     minutes: str     # hash: p<minute>/f<minute> -> processed/failed in that minute (a day kept; dashboard)
     outbox_sent: str  # zset: id -> ms the outbox relay sent it; refuses a second send (lua/relay.lua)
@@ -116,6 +118,8 @@ class Keys:
                 wake=f"{p}:wake",
                 unique=f"{p}:unique",
                 unique_exp=f"{p}:unique_exp",
+                debounce=f"{p}:debounce",
+                debounce_at=f"{p}:debounce_at",
                 cron=f"{p}:cron",
                 minutes=f"{p}:minutes",
                 outbox_sent=f"{p}:outbox_sent",
