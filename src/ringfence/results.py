@@ -47,24 +47,32 @@ BAD_RESULT = "bad_result"  # the dead-letter reason of a return value that is no
 def done_record(task: Task, queue: str, value: Any, now_ms: int, run: float | None = None) -> bytes:
     """The record of a finished job; PayloadError names the part of ``value`` that is not JSON. ``run``: the
     spec's ``enqueued_ms``, which tells this run's record from one of an earlier job with the same id."""
-    try:
-        problem = (non_finite(model_dump(value, "result"), "result") if isinstance(value, BaseModel)
-                   else json_problem(value, "result"))
-    except PayloadError as exc:
-        problem = str(exc)
+    problem = result_problem(value)
     if problem is not None:
         raise PayloadError(f"task {task.name!r}: the return value is not stored: {problem}; return plain JSON "
                            "(dict, list, str, int, finite float, bool, None) or a pydantic model")
-    if isinstance(value, BaseModel):
-        value = value.model_dump(mode="json")
     record = orjson.dumps({"state": "done", "task": task.name, "queue": queue, "finished_ms": now_ms, "run": run,
-                           "result": value})
+                           "result": plain_result(value)})
     cap = getattr(task.app, "max_result_bytes", None)  # the App's setting (TaskOwner does not name it)
     if isinstance(cap, int) and len(record) > cap:
         raise PayloadError(f"task {task.name!r}: the return value is not stored: its record is {len(record):,} "
                            f"bytes, above max_result_bytes={cap:,}; store large data elsewhere and return its id "
                            "(or raise App(max_result_bytes=...))")
     return record
+
+
+def result_problem(value: Any) -> str | None:
+    """Why ``value`` is not a result that can be stored (JSON, or a pydantic model of JSON); None: it is."""
+    try:
+        return (non_finite(model_dump(value, "result"), "result") if isinstance(value, BaseModel)
+                else json_problem(value, "result"))
+    except PayloadError as exc:
+        return str(exc)
+
+
+def plain_result(value: Any) -> Any:
+    """``value`` as JSON data (a pydantic model dumped)."""
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
 
 
 def dead_record(task_name: str, queue: str, reason: str, error: str, now_ms: int) -> bytes:

@@ -7,12 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from pydantic import BaseModel
 
 from ringfence import results
 from ringfence.errors import PayloadError
 from ringfence.models import Fetched, JobSpec
-from ringfence.payloads import json_problem, model_dump, non_finite
 from ringfence.redis import workflows as stored
 from ringfence.redis.broker import Broker
 from ringfence.tasks import Task
@@ -32,16 +30,11 @@ def step_of(extra: dict[str, Any]) -> tuple[str, str, str]:
 
 def step_verdict(task: Task, job: Fetched, spec: JobSpec, value: Any, now_ms: int) -> Verdict:
     """The ack of a step that returned ``value``; a value that is not JSON sends the job to dead-letter."""
-    try:
-        problem = (non_finite(model_dump(value, "result"), "result") if isinstance(value, BaseModel)
-                   else json_problem(value, "result"))
-    except PayloadError as exc:
-        problem = str(exc)
+    problem = results.result_problem(value)
     if problem is not None:
         return Verdict(Outcome.DEAD, results.BAD_RESULT,
                        f"job {job.id}: task {task.name!r}: a workflow step returns JSON: {problem}")
-    if isinstance(value, BaseModel):
-        value = value.model_dump(mode="json")
+    value = results.plain_result(value)
     record = None
     if task.store_result:
         try:
