@@ -16,7 +16,7 @@ import pytest
 
 from ringfence import App
 from support import ROOT
-from topology import HAVE_REDIS, Cluster
+from topology import HAVE_REDIS, Cluster, SentinelSet
 
 pytestmark = [pytest.mark.topology,
               pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server and redis-cli")]
@@ -76,3 +76,37 @@ def test_info_answers_for_the_live_masters_and_names_the_dead_one(tmp_path: Path
         for proc in cluster.procs.values():
             proc.send_signal(signal.SIGCONT)
         cluster.stop()
+
+
+def _doctor(url: str, ns: str) -> dict[str, dict[str, object]]:
+    env = {**os.environ, "RINGFENCE_REDIS_URL": url, "RINGFENCE_NAMESPACE": ns}
+    done = subprocess.run([sys.executable, "-m", "ringfence.cli", "doctor", "--json", "--sample-s", "0"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode in (0, 1, 2), done.stdout + done.stderr
+    return {f["subject"]: f for f in json.loads(done.stdout)["findings"] if f["check"] == "failover" and f["subject"]}
+
+
+def test_the_doctor_names_a_sentinel_failover_and_what_it_may_have_lost(tmp_path: Path) -> None:
+    """The master SIGKILLed, Sentinel promotes the replica: the doctor names the promoted master (no finding on
+    the set before) and what a failover loses (writes not replicated: jobs without durable=True)."""
+    s = SentinelSet(tmp_path)
+    try:
+        ns = f"fo{uuid.uuid4().hex[:6]}"
+        app = App(s.url, ns)
+        app.task(name="stamp")(_stamp).enqueue(n=1)
+        app.close()
+        assert _doctor(s.url, ns) == {}
+        old = s.master_port()
+        s.kill(old)
+        deadline = time.monotonic() + 60
+        while s.master_port() == old:
+            assert time.monotonic() < deadline, "no failover within 60 s"
+            time.sleep(0.5)
+        new = f"127.0.0.1:{s.master_port()}"
+        found = _doctor(s.url, ns)
+        assert list(found) == [new], found
+        assert "promoted by a failover" in str(found[new]["symptom"])
+        assert "durable=True" in str(found[new]["hypothesis"])
+        assert found[new]["status"] == "ok"  # no orphaned attempt since: nothing blamed
+    finally:
+        s.stop()

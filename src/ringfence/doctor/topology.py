@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from ringfence.doctor.context import Context
 from ringfence.doctor.model import Finding, Status, check
-from ringfence.redis.topology import ClusterView, cluster_view
+from ringfence.redis.topology import ClusterView, cluster_view, promotion
 
 SLOTS = 16384
 
@@ -48,3 +48,24 @@ def _nodes(view: ClusterView) -> Iterator[Finding]:
                       symptom=f"Redis Cluster master {node.address} ({node.slots} slots) has no live replica",
                       hypothesis="if it fails, its slots stay unserved until it is back",
                       remedy="add a replica (redis-cli --cluster add-node --cluster-slave)")
+
+
+@check("failover", "the Redis master was not promoted by a failover (Sentinel or manual)", cheap=False)
+def failover(ctx: Context) -> Iterator[Finding]:
+    promoted = promotion(ctx.broker)
+    if promoted is None:
+        return
+    orphans = sum(ctx.after.stat(q, "orphaned") for q in ctx.after.queues)
+    written = promoted.offset_now - promoted.offset_at_promotion
+    yield Finding(
+        "failover", Status.WARNING if orphans else Status.OK, subject=promoted.address,
+        symptom=(f"Redis master {promoted.address} was a replica promoted by a failover ({written} bytes written "
+                 "since); the writes the old master acknowledged but had not replicated are gone"),
+        hypothesis=("what may be lost: jobs enqueued without durable=True in the replication lag before the "
+                    "failover, acks and retries (those jobs run again), counters; orphaned attempts since then "
+                    "may be leases the failover rolled back, not dead workers" if orphans else
+                    "what may be lost: jobs enqueued without durable=True in the replication lag before the "
+                    "failover, acks and retries (those jobs run again), counters"),
+        remedy="enqueue with durable=True (or App(min_replicas=1)) where a lost job matters; the mark stays until "
+               "the node restarts",
+        numbers={"bytes_since": written, "orphaned": orphans})

@@ -84,6 +84,29 @@ def node_of(broker: Broker, key: str) -> str:
         return "?"
 
 
+@dataclass(frozen=True)
+class Promotion:
+    """A master that was a replica until a failover promoted it (``INFO replication`` keeps the former
+    replication id until the node restarts; Redis records no time of it)."""
+
+    address: str
+    former_replid: str
+    offset_at_promotion: int
+    offset_now: int
+
+
+def promotion(broker: Broker) -> Promotion | None:
+    """The Redis master's promotion, if a failover made it master; None otherwise and on a Cluster."""
+    if broker.cluster:
+        return None
+    info = broker.sync.info("replication")
+    former, at = str(info.get("master_replid2", "")), int(info.get("second_repl_offset", -1))
+    if info.get("role") != "master" or at < 0 or not former.strip("0"):
+        return None
+    laddr = str(broker.sync.client_info().get("laddr", "?"))  # the master's address as this connection sees it
+    return Promotion(laddr, former, at, int(info.get("master_repl_offset", 0)))
+
+
 def silent_masters(broker: Broker, timeout_s: float = 1.0) -> dict[str, str]:
     """Masters of the client's slot map that do not answer a PING within ``timeout_s`` -> the error: a read that
     would wait the client's socket timeout on each of its retries is skipped instead."""
