@@ -12,6 +12,7 @@ from collections import defaultdict, deque
 from ringfence.redis.broker import Broker
 from ringfence.redis.connect import while_loading
 from ringfence.redis.connection import UNAVAILABLE
+from ringfence.redis.replicas import run_and_wait
 
 log = logging.getLogger("ringfence.worker")
 
@@ -168,3 +169,52 @@ class Acks:
         for queue, left in pending.items():
             self._pending[queue].extend(left)
             self._count += len(left)
+
+
+class ConfirmedAcks:
+    """The acks of ``durable_settle`` tasks: each waits until a replica confirms it. The acks that come in while a
+    batch waits for its replicas go together in the next one: one script call and one ``WAIT`` per queue and batch,
+    off the event loop. ``acks`` keeps the unconfirmed ones for its check after a failover."""
+
+    def __init__(self, acks: Acks, replicas: int, timeout_ms: int) -> None:
+        self.acks, self.broker = acks, acks.broker
+        self.replicas, self.timeout_ms = replicas, timeout_ms
+        self._waiting: dict[str, list[tuple[str, str, bytes, asyncio.Future[tuple[bool, int]]]]] = defaultdict(list)
+        self._ready = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
+
+    async def ack(self, queue: str, job_id: str, token: str, raw: bytes) -> tuple[bool, int]:
+        """Ack and wait: (refused: the lease had moved on, replicas that confirmed; -1: Redis did not answer)."""
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._loop(), name="confirmed-acker")
+        done: asyncio.Future[tuple[bool, int]] = asyncio.get_running_loop().create_future()
+        self._waiting[queue].append((job_id, token, raw, done))
+        self._ready.set()
+        return await done
+
+    async def _loop(self) -> None:
+        while self._waiting:
+            await self._ready.wait()
+            self._ready.clear()
+            batch, self._waiting = self._waiting, defaultdict(list)
+            for queue, items in batch.items():
+                await self._send(queue, items)
+
+    async def _send(self, queue: str, items: list[tuple[str, str, bytes, asyncio.Future[tuple[bool, int]]]]) -> None:
+        at = time.monotonic()
+        call = self.broker.ack(queue, [(i[0], i[1]) for i in items])
+        try:
+            lost, acked = await asyncio.to_thread(run_and_wait, self.broker, call, self.replicas, self.timeout_ms)
+        except UNAVAILABLE:  # the ack may have run on a master that then died: checked once Redis answers
+            lost, acked = [], -1
+        except Exception as exc:
+            for *_, done in items:
+                if not done.done():  # a settle cancelled meanwhile (a shutdown) no longer waits
+                    done.set_exception(exc)
+            return
+        refused = set(lost)
+        for job_id, token, raw, done in items:
+            if job_id not in refused and acked < self.replicas:
+                self.acks.sent(queue, job_id, token, raw, at)
+            if not done.done():
+                done.set_result((job_id in refused, acked))

@@ -7,6 +7,7 @@ confirmed by a replica (``WAIT``, redis/replicas.py) before its slot is free."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import replace
 from typing import Protocol, TypeVar
@@ -21,7 +22,7 @@ from ringfence.redis.connection import UNAVAILABLE
 from ringfence.redis.replicas import run_and_wait
 from ringfence.tasks import Registry
 from ringfence.worker import workflows
-from ringfence.worker.acks import Acks
+from ringfence.worker.acks import Acks, ConfirmedAcks
 from ringfence.worker.observers import Observers
 from ringfence.worker.outcomes import Outcome, Verdict
 from ringfence.worker.running import Running
@@ -48,6 +49,7 @@ class Settler:
         self.confirmed = frozenset(name for name, t in registry.tasks.items() if t.durable_settle)
         self.replicas, self.timeout_ms = max(1, replicas), int(replica_timeout_s * 1000)
         self.unconfirmed = 0  # settles no replica confirmed in time (also the queue's settle_unconfirmed stat)
+        self.confirmed_acks = ConfirmedAcks(acks, self.replicas, self.timeout_ms)
 
     def settle_now(self, r: Running, v: Verdict) -> bool:
         """``settle`` without a coroutine for a plain ack (no stored result, not a duplicate): the ack joins the
@@ -114,28 +116,27 @@ class Settler:
         """The write, then WAIT; one the replicas did not confirm in time is logged and counted (it is on the
         master: a failover before a replica has it loses it)."""
         parsed, acked = await asyncio.to_thread(run_and_wait, self.broker, call, self.replicas, self.timeout_ms)
-        if acked >= self.replicas:
-            return parsed, True
+        if acked < self.replicas:
+            await self._unconfirmed(r, what, acked)
+        return parsed, acked >= self.replicas
+
+    async def _unconfirmed(self, r: Running, what: str, acked: int) -> None:
         self.unconfirmed += 1
         job = r.job
         job_log(r).error("job %s: its %s reached %d of %d replica(s) within %d ms; a failover before a replica has "
                          "it loses it", job.id, what, acked, self.replicas, self.timeout_ms)
-        await self.broker.aio.hincrby(self.broker.keys.queue(job.queue).stats, "settle_unconfirmed", 1)
-        return parsed, False
+        with contextlib.suppress(*UNAVAILABLE):  # the count is lost with Redis; the line above stays
+            await self.broker.aio.hincrby(self.broker.keys.queue(job.queue).stats, "settle_unconfirmed", 1)
 
     async def _ack_confirmed(self, r: Running) -> None:
-        """Ack alone and wait for the replicas. An unconfirmed ack is kept for the check after a failover (a lost
-        one is recorded as ack_lost, one still leased to this worker is acked again by the batch)."""
-        job, at = r.job, time.monotonic()
-        try:
-            lost, confirmed = await self._confirm(r, self.broker.ack(job.queue, [(job.id, job.token)]), "ack")
-        except UNAVAILABLE:  # the ack may have run on a master that then died: checked once Redis answers
-            self.acks.sent(job.queue, job.id, job.token, job.raw, at)
-            return
-        if lost:
+        """Ack and wait for the replicas (acks.py ``ConfirmedAcks``, which keeps an unconfirmed ack for the check
+        after a failover: a lost one is recorded as ack_lost, one still leased to this worker is acked again)."""
+        job = r.job
+        refused, acked = await self.confirmed_acks.ack(job.queue, job.id, job.token, job.raw)
+        if refused:
             job_log(r).warning("ack of job %s refused: its lease had moved to another attempt", job.id)
-        elif not confirmed:
-            self.acks.sent(job.queue, job.id, job.token, job.raw, at)
+        elif 0 <= acked < self.replicas:
+            await self._unconfirmed(r, "ack", acked)
 
     async def _step_done(self, r: Running, v: Verdict) -> None:
         """A workflow step's ack is its workflow's advance. A duplicate (another run holds its fence) is not acked:
