@@ -17,25 +17,16 @@ from ringfence import App, WorkerSettings
 from ringfence.errors import FencedOut
 from ringfence.fence import Fences, FenceState, Owner
 from ringfence.models import Fetched
-from ringfence.redis.embedded import EmbeddedRedis, free_port
+from ringfence.redis.embedded import EmbeddedRedis
 from ringfence.worker.fencing import Fencing
 from support import at_point, database_url
 
 SETTINGS = WorkerSettings(lease_s=2.0, heartbeat_s=0.5)
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[EmbeddedRedis]:
-    s = EmbeddedRedis(str(tmp_path / "redis"), port=free_port()).start()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
-def app(request: pytest.FixtureRequest, server: EmbeddedRedis, tmp_path: Path) -> Iterator[App]:
-    a = App(server.url, f"t{uuid.uuid4().hex[:8]}", environment="test",
+def app(request: pytest.FixtureRequest, private_redis: EmbeddedRedis, tmp_path: Path) -> Iterator[App]:
+    a = App(private_redis.url, f"t{uuid.uuid4().hex[:8]}", environment="test",
             fence_url=database_url(request.param, tmp_path), worker=SETTINGS)
     a.fence_store.create_all()
     try:

@@ -12,14 +12,13 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ringfence import App, WorkerSettings
 from ringfence.models import JobSpec, new_job_id
-from ringfence.redis.embedded import EmbeddedRedis, free_port
+from ringfence.redis.embedded import EmbeddedRedis
 from ringfence.redis.scripts import script
 from ringfence.worker.worker import Worker
 from support import wait_until
@@ -30,17 +29,8 @@ SETTINGS = WorkerSettings(lease_s=2.0, heartbeat_s=0.5, recover_interval_s=0.5, 
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[EmbeddedRedis]:
-    s = EmbeddedRedis(str(tmp_path / "redis"), port=free_port()).start()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture
-def app(server: EmbeddedRedis) -> Iterator[App]:
-    a = App(server.url, f"t{uuid.uuid4().hex[:8]}", environment="test", worker=SETTINGS)
+def app(private_redis: EmbeddedRedis) -> Iterator[App]:
+    a = App(private_redis.url, f"t{uuid.uuid4().hex[:8]}", environment="test", worker=SETTINGS)
     yield a
     a.close()
 
@@ -131,11 +121,11 @@ async def test_an_idle_worker_starts_a_pushed_job_with_a_lease_like_a_fetchs_and
 
 
 @pytest.fixture
-def long_leases(server: EmbeddedRedis) -> Iterator[App]:
+def long_leases(private_redis: EmbeddedRedis) -> Iterator[App]:
     """Leases of 20 s (the default): a job left to lease recovery would wait that long."""
     settings = WorkerSettings(lease_s=20.0, heartbeat_s=5.0, recover_interval_s=0.5, promote_interval_s=0.1,
                               shutdown_timeout_s=3.0, server_ttl_s=10.0)
-    a = App(server.url, f"t{uuid.uuid4().hex[:8]}", environment="test", worker=settings)
+    a = App(private_redis.url, f"t{uuid.uuid4().hex[:8]}", environment="test", worker=settings)
     yield a
     a.close()
 
