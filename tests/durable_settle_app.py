@@ -1,6 +1,6 @@
 """The app of tests/test_durable_settle.py's workers: ``paid`` waits for a replica to confirm its settling writes
 (``durable_settle=True``), ``plain`` does not. Runs are recorded in the shared Redis (TEST_RECORD_URL), which no
-failover touches; ``paid`` with n < 0 fails its first attempt (a retry)."""
+failover touches; ``paid`` with n = -1 fails its first attempt (a retry), with n = -2 goes to dead-letter."""
 
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ def _record(ctx, n: int) -> None:
     record.rpush(f"{ns}:test:runs", f"{ctx.id} {n} {time.time()} {ctx.attempt}")
 
 
-@app.task(name="paid", durable_settle=True)
+@app.task(name="paid", durable_settle=True, permanent=(ValueError,))
 async def paid(ctx, n: int) -> None:
     _record(ctx, n)
+    if n == -2:
+        raise ValueError("refused at once: dead-letter")
     if n < 0 and ctx.attempt == 1:
         raise RuntimeError("first attempt fails")
 

@@ -89,7 +89,8 @@ def test_a_lagging_replica_holds_the_worker_then_an_unconfirmed_settle_is_counte
         pair: tuple[Servers, int, int], redis_url: str) -> None:
     """Replica stopped: the worker waits on ``paid``'s ack (the next job does not start) until the replica is back
     (1.5 s later, within the 5 s timeout: confirmed, nothing counted). Replica stopped past a 5 s timeout: the
-    ack and the retry of ``paid`` are each logged and counted; ``plain``'s ack is not waited for."""
+    ack, the retry and the dead-letter move of ``paid`` jobs are each logged and counted; ``plain``'s ack is not
+    waited for."""
     s, master, replica = pair
     ns, rdb = f"t{uuid.uuid4().hex[:8]}", redis.Redis.from_url(redis_url)
     url = f"redis://127.0.0.1:{master}"
@@ -112,11 +113,13 @@ def test_a_lagging_replica_holds_the_worker_then_an_unconfirmed_settle_is_counte
 
         os.kill(s.procs[replica].pid, signal.SIGSTOP)
         failing = tasks["paid"].enqueue(n=-1)  # type: ignore[attr-defined]  # a retry, then an ack
+        doomed = tasks["paid"].enqueue(n=-2)  # type: ignore[attr-defined]  # a dead-letter move
         plain = tasks["plain"].enqueue(n=3)  # type: ignore[attr-defined]
-        wait_until(lambda: ran(rdb, ns, plain) == 1 and ran(rdb, ns, failing) == 2, timeout=30)
+        wait_until(lambda: ran(rdb, ns, plain) == 1 and ran(rdb, ns, failing) == 2, timeout=40)
         assert [a for j, a in runs(rdb, ns) if j == failing] == [1, 2]
-        wait_until(lambda: redis.Redis(port=master).hget(stats, "settle_unconfirmed") == b"2", timeout=15)
+        wait_until(lambda: redis.Redis(port=master).hget(stats, "settle_unconfirmed") == b"3", timeout=15)
         assert redis.Redis(port=master).hget(stats, "processed") == b"5"
+        assert redis.Redis(port=master).hexists(app.broker.keys.queue("default").dead_jobs, doomed)
     finally:
         os.kill(s.procs[replica].pid, signal.SIGCONT)
         out = stop(w)
@@ -125,6 +128,7 @@ def test_a_lagging_replica_holds_the_worker_then_an_unconfirmed_settle_is_counte
     assert w.returncode == 0, out
     assert f"job {failing}: its retry reached 0 of 1 replica(s) within 5000 ms" in out, out
     assert f"job {failing}: its ack reached 0 of 1 replica(s) within 5000 ms" in out, out
+    assert f"job {doomed}: its dead-letter reached 0 of 1 replica(s) within 5000 ms" in out, out
 
 
 @pytest.mark.parametrize("confirmed", [True, False], ids=["replica-back-in-time", "replica-behind-past-timeout"])
