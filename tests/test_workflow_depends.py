@@ -4,7 +4,6 @@ is cancelled, and can be cancelled itself."""
 
 from __future__ import annotations
 
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,8 @@ import pytest
 import ringfence
 from ringfence import ConfigError, jobs
 from support import wait_until
-from test_workflow import Served, cli, load, runs, serve
+from test_workflow import Served, cli, runs, serve
+from test_workflow import wf as idle  # noqa: F401  (a fixture: the app on this namespace, no worker)
 
 
 @pytest.fixture(scope="module")
@@ -136,16 +136,7 @@ def test_finished_dependency_queues_at_once_and_bad_ones_are_refused(served: Ser
         wf.app.enqueue_many(wf.add, [{"x": 1}], depends_on=[done])
 
 
-@pytest.fixture
-def idle(namespace: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    """The app on this test's namespace, no worker."""
-    module = load(namespace, redis_url, tmp_path, monkeypatch)
-    yield module
-    module.app.close()
-    sys.modules.pop("workflowapp", None)
-
-
-def test_a_purged_dependency_sends_its_waiters_to_dead_letter(idle: ModuleType) -> None:
+def test_a_purged_dependency_sends_its_waiters_to_dead_letter(idle: ModuleType) -> None:  # noqa: F811
     wf = idle
     a = wf.add.enqueue(x=1)  # no worker: it stays pending (inline)
     b = wf.add.with_options(depends_on=[a]).enqueue(x=2)
