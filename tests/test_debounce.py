@@ -24,8 +24,10 @@ from typing import Any
 import orjson
 import pytest
 import redis
+import sqlalchemy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy.orm import Session
 
 from ringfence import App, ConfigError
 from support import ROOT, SimClock, WorkerProc, wait_until
@@ -258,8 +260,15 @@ async def test_aenqueue_debounces(make_app: Callable[..., App]) -> None:
     assert await bounce.aenqueue(key="k", token="t2") == first
 
 
-def test_batches_refuse_debounce(make_app: Callable[..., App]) -> None:
+def test_batches_the_outbox_and_on_commit_refuse_debounce(make_app: Callable[..., App]) -> None:
     app = make_app()
     note = note_task(app)
     with pytest.raises(ConfigError, match=re.escape("debounce_s is taken by enqueue() and aenqueue() only")):
         app.enqueue_many(note, [{"key": "k", "token": "t"}], debounce_s=1)
+    engine = sqlalchemy.create_engine("sqlite://")
+    with Session(engine) as session, session.begin():
+        with pytest.raises(ConfigError, match=re.escape("debounce_s is taken by enqueue() and aenqueue() only")):
+            note.with_options(debounce_s=1).enqueue_on_commit(session, key="k", token="t")
+        with pytest.raises(ConfigError, match=re.escape("debounce_s is taken by enqueue() and aenqueue() only")):
+            note.with_options(debounce_s=1).enqueue_in(session, key="k", token="t")
+    engine.dispose()

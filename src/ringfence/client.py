@@ -143,6 +143,8 @@ class Client:
         """Every check of an enqueue, without Redis: the encoded payload, or the error ``enqueue`` would raise."""
         args = task.codec.encode(payload)
         self.check_options(task, opts)
+        if opts.debounce_s is not None:  # on_commit sends with an id fixed now, which debounce cannot keep
+            raise ConfigError(f"task {task.name!r}: debounce_s is taken by enqueue() and aenqueue() only")
         if opts.job_id is not None:
             check_name("job id", opts.job_id)
         self._unique(task, args, opts, 0)
