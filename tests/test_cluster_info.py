@@ -13,9 +13,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+import redis
 
 from ringfence import App
-from support import ROOT
+from support import ROOT, wait_until
 from topology import HAVE_REDIS, Cluster, SentinelSet
 
 pytestmark = [pytest.mark.topology,
@@ -110,3 +111,48 @@ def test_the_doctor_names_a_sentinel_failover_and_what_it_may_have_lost(tmp_path
         assert found[new]["status"] == "ok"  # no orphaned attempt since: nothing blamed
     finally:
         s.stop()
+
+
+def test_orphans_after_a_failover_are_not_blamed_on_dead_workers(tmp_path: Path) -> None:
+    """A job runs (lease 3 s, renewed); the replica stops (SIGSTOP) and falls behind while the lease is renewed on
+    the master alone; the master is SIGKILLed and the stale replica promoted: its copy of the lease has lapsed and
+    the live worker recovers the job as orphaned. No worker died: the doctor's failover check warns and the
+    orphaned check names the failover, not killed workers."""
+    s = SentinelSet(tmp_path)
+    ns = f"fo{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, "RINGFENCE_REDIS_URL": s.url, "RINGFENCE_NAMESPACE": ns,
+           "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    w = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", "failoverapp:app", "--queues",
+                          "default"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    app = App(s.url, ns)
+    try:
+        app.task(name="slow")(_slow).with_options(durable=True).enqueue(s=30.0)
+        active = app.broker.keys.queue("default").active
+        wait_until(lambda: redis.Redis(port=s.replica).zcard(active) == 1, timeout=30)
+        os.kill(s.procs[s.replica].pid, signal.SIGSTOP)
+        master = redis.Redis(port=s.master)
+        for i in range(16):  # the replication stream outgrows the stopped replica's socket buffers
+            master.set(f"filler:{i}", "x" * 1_000_000)
+        time.sleep(5)  # renewals past the replica's lease deadline, on the master alone
+        s.kill(s.master)
+        os.kill(s.procs[s.replica].pid, signal.SIGCONT)
+        stats = app.broker.keys.queue("default").stats
+        wait_until(lambda: redis.Redis(port=s.replica).hget(stats, "orphaned") == b"1", timeout=60)
+        assert w.poll() is None, "the worker died"
+        done = subprocess.run([sys.executable, "-m", "ringfence.cli", "doctor", "--json", "--sample-s", "0"], env=env,
+                              capture_output=True, text=True, timeout=120)
+        found = {f["check"]: f for f in json.loads(done.stdout)["findings"] if f["subject"]}
+        assert found["failover"]["status"] == "warning", found
+        assert found["failover"]["subject"] == f"127.0.0.1:{s.replica}"
+        assert "failover" in found["orphaned"]["hypothesis"], found["orphaned"]
+        assert "killed" not in found["orphaned"]["hypothesis"], found["orphaned"]
+    finally:
+        os.kill(s.procs[s.replica].pid, signal.SIGCONT)
+        w.kill()
+        w.wait(10)
+        app.close()
+        s.stop()
+
+
+def _slow(ctx: object, s: float) -> None:
+    pass

@@ -11,6 +11,7 @@ from ringfence.doctor.model import Finding, Status, check
 from ringfence.errors import BadRecord, ConfigError
 from ringfence.models import DeadJob, JobSpec
 from ringfence.redis import observe
+from ringfence.redis.topology import promotion
 
 
 @check("environment", "every live server runs the namespace's environment")
@@ -119,11 +120,23 @@ def orphaned(ctx: Context) -> Iterator[Finding]:
             symptom=(f"queue {name}: attempts orphaned within the last {window:g}s{ago} ({total} since the start, "
                      f"{len(recent)} on jobs still in Redis); their workers died or stopped heartbeating while "
                      "the jobs ran"),
-            hypothesis="workers killed mid-job (SIGKILL, OOM, a deploy whose grace is shorter than the jobs)",
+            hypothesis=_orphan_cause(ctx, name, last_ms),
             remedy="give the platform's kill grace > shutdown_timeout_s > job durations; fence every external "
                    "effect so the rerun is empty",
             numbers={"recent": len(recent), "total": total,
                      "last_s_ago": round((now_ms - last_ms) / 1000, 1) if last_ms else None})
+
+
+def _orphan_cause(ctx: Context, queue: str, last_ms: int) -> str:
+    """A failover rolls leases back to the promoted replica's copy: live workers' jobs look orphaned. Named when
+    the master was promoted and workers of the queue live now were live before the latest orphan."""
+    promoted = promotion(ctx.broker) if last_ms else None
+    survivors = [s for s in ctx.after.listed_by(queue) if float(s.get("started", 0)) * 1000 < last_ms]
+    if promoted is None or not survivors:
+        return "workers killed mid-job (SIGKILL, OOM, a deploy whose grace is shorter than the jobs)"
+    return (f"a Redis failover: master {promoted.address} was promoted from a replica whose leases lagged the "
+            f"renewals the old master took; {len(survivors)} worker(s) of the queue were live before the latest "
+            "orphan and still are, so no worker need have died (the jobs ran again)")
 
 
 @check("stuck_active", "every active job has a live lease or a live worker to recover it")

@@ -99,7 +99,10 @@ def promotion(broker: Broker) -> Promotion | None:
     """The Redis master's promotion, if a failover made it master; None otherwise and on a Cluster."""
     if broker.cluster:
         return None
-    info = broker.sync.info("replication")
+    try:
+        info = broker.sync.info("replication")
+    except redis.ResponseError:  # INFO not granted to the ACL user: no promotion can be told
+        return None
     former, at = str(info.get("master_replid2", "")), int(info.get("second_repl_offset", -1))
     if info.get("role") != "master" or at < 0 or not former.strip("0"):
         return None
