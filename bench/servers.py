@@ -60,8 +60,12 @@ class Servers:
         self.dir = Path(directory)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
+    def home(self, port: int) -> Path:
+        """The directory of the server on ``port`` (its dump.rdb, AOF, log and configs)."""
+        return self.dir / f"redis-{port}"
+
     def start(self, port: int, *args: str, config: str | None = None) -> None:
-        d = self.dir / f"redis-{port}"
+        d = self.home(port)
         d.mkdir(parents=True, exist_ok=True)
         cmd = ["redis-server"]
         if config is not None:

@@ -59,6 +59,12 @@ def worker(url: str, ns: str, record_url: str, *args: str) -> subprocess.Popen[b
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def stop(w: subprocess.Popen[bytes]) -> str:
+    """SIGTERM the worker; all it printed, once it has exited."""
+    w.send_signal(signal.SIGTERM)
+    return w.communicate(timeout=30)[0].decode(errors="replace")
+
+
 def cli(url: str, ns: str, record_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "RINGFENCE_REDIS_URL": url, "RINGFENCE_NAMESPACE": ns, "TEST_RECORD_URL": record_url,
            "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -123,8 +129,7 @@ def test_worker_runs_jobs_and_the_cli_reads(url: str, redis_url: str) -> None:
         used, _, _ = observe.memory(app.broker)
         assert used > 0 and observe.config_value(app.broker, "maxmemory-policy") is not None
     finally:
-        w.send_signal(signal.SIGTERM)
-        out = w.communicate(timeout=30)[0].decode(errors="replace")
+        out = stop(w)
         rdb.delete(f"{ns}:test:runs")
     assert w.returncode == 0, out
     assert "Traceback" not in out and app.broker.servers() == []
@@ -230,8 +235,7 @@ def test_sentinel_failover_under_load(tmp_path: Path, redis_url: str, durable: b
               f"lost; refused: {dict(producer.refused)}")
     finally:
         producer.stop.set()
-        w.send_signal(signal.SIGTERM)
-        out = w.communicate(timeout=30)[0].decode(errors="replace")
+        out = stop(w)
         rdb.delete(f"{ns}:test:runs")
         s.stop()
     assert w.returncode == 0, out
@@ -280,7 +284,7 @@ def test_a_worker_waits_for_a_redis_still_loading_its_data(tmp_path: Path, redis
     r.save()
     servers.kill(port)
     servers.procs[port] = subprocess.Popen(  # a pause per key loaded: up to 40 s of LOADING, ended below
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--dbfilename",
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(servers.home(port)), "--dbfilename",
          "dump.rdb", "--save", "", "--key-load-delay", "1000", "--loading-process-events-interval-bytes", "1024"],
         stdout=subprocess.DEVNULL)
     wait_until(lambda: _loading(port), timeout=30, interval=0.01)
@@ -396,8 +400,7 @@ def test_a_master_turned_replica_is_waited_out_not_a_crash(tmp_path: Path, redis
         wait_until(lambda: second in runs(rdb, ns) or w.poll() is not None, timeout=30)
         assert w.poll() is None, w.communicate()[0].decode(errors="replace")
     finally:
-        w.send_signal(signal.SIGTERM)
-        out = w.communicate(timeout=30)[0].decode(errors="replace")
+        out = stop(w)
         rdb.delete(f"{ns}:test:runs")
         servers.stop()
     assert w.returncode == 0, out
@@ -497,8 +500,7 @@ def test_a_rerun_after_an_ack_lost_in_a_failover_is_recorded(tmp_path: Path, red
         wait_until(lambda: redis.Redis(port=s.replica).hget(stats, "ack_lost") == b"1", timeout=10)
     finally:
         os.kill(s.procs[s.replica].pid, signal.SIGCONT)
-        w.send_signal(signal.SIGTERM)
-        out = w.communicate(timeout=30)[0].decode(errors="replace")
+        out = stop(w)
         rdb.delete(f"{ns}:test:runs")
         s.stop()
     assert w.returncode == 0, out
