@@ -3,7 +3,6 @@ reads, with keys and channels limited to the namespace and no dangerous command.
 
 from __future__ import annotations
 
-import signal
 import uuid
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import redis
 
 from ringfence import App
 from support import wait_until
-from test_topology import _noop, cli, runs, worker
+from test_topology import _noop, cli, runs, stop, worker
 from topology import HAVE_REDIS, Servers, free_port
 
 pytestmark = pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server")
@@ -49,8 +48,7 @@ def test_a_namespace_limited_acl_user_runs_jobs_and_reads(tmp_path: Path, redis_
             assert done.returncode in (0, 1), (args, done.stdout, done.stderr)
             assert "NOPERM" not in done.stdout + done.stderr and "Traceback" not in done.stderr
     finally:
-        w.send_signal(signal.SIGTERM)
-        out = w.communicate(timeout=30)[0].decode(errors="replace")
+        out = stop(w)
         rdb.delete(f"{ns}:test:runs")
         servers.stop()
     assert w.returncode == 0, out

@@ -3,7 +3,6 @@ worker, an ACL user without and with the cluster commands."""
 
 from __future__ import annotations
 
-import signal
 import time
 import uuid
 from collections import Counter
@@ -17,7 +16,7 @@ from redis.exceptions import NoPermissionError
 from ringfence import App, RingfenceError
 from ringfence.errors import NotReplicated
 from support import ROOT, wait_until
-from test_topology import _queues_on_every_node, cli, runs, worker
+from test_topology import _queues_on_every_node, cli, runs, stop, worker
 from topology import HAVE_REDIS, Cluster, close_migration, move_keys, move_slot, open_migration, owner_of
 
 pytestmark = [pytest.mark.topology,
@@ -110,8 +109,7 @@ def test_the_documented_cluster_acl_runs_a_worker_and_the_cli(cluster: Cluster, 
             assert done.returncode in (0, 1), (args, done.stdout, done.stderr)
             assert "NOPERM" not in done.stdout + done.stderr and "Traceback" not in done.stderr, done.stderr
     finally:
-        w.send_signal(signal.SIGTERM)
-        out = w.communicate(timeout=30)[0].decode(errors="replace")
+        out = stop(w)
         rdb.delete(f"{ns}:test:runs")
         app.close()
     assert w.returncode == 0, out
@@ -145,8 +143,7 @@ def test_a_slot_migrating_under_a_worker_is_waited_out(cluster: Cluster, redis_u
         wait_until(lambda: runs(rdb, ns) >= after or w.poll() is not None, timeout=30)
         assert w.poll() is None, w.communicate()[0].decode(errors="replace")
     finally:
-        w.send_signal(signal.SIGTERM)
-        out = w.communicate(timeout=30)[0].decode(errors="replace")
+        out = stop(w)
         rdb.delete(f"{ns}:test:runs")
         app.close()
     assert w.returncode == 0, out
