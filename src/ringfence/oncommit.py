@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
@@ -67,13 +67,16 @@ class Deferred:
     def record(self) -> dict[str, Any]:
         """The job as JSON-ready data: what the log line carries and ``ringfence job resend`` reads."""
         opts = {k: v for k, v in asdict(self.options).items()
-                if v not in (None, False) and k not in ("job_id", "unique_key", "run_at")}
+                if v not in (None, False) and v != _DEFAULTS.get(k) and k not in ("job_id", "unique_key", "run_at")}
         if self.options.run_at is not None:
             opts["run_at"] = self.options.run_at.isoformat()
         if isinstance(self.options.unique_key, str):
             opts["unique_key"] = self.options.unique_key
         return {"id": self.id, "task": self.task.name, "args": self.args, "options": opts}
 
+
+# An option left at its default is not written (a record stays what `job resend` needs and nothing more).
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(EnqueueOptions) if f.default is not MISSING}
 
 class HasClient(Protocol):
     """The App, as the on-commit jobs see it: its producer (oncommit.py never imports app.py)."""
