@@ -5,6 +5,7 @@ core that imports an optional package at module level fails here (the dev extra 
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import textwrap
@@ -250,9 +251,11 @@ def test_make_demo_installs_the_package_alone_and_make_test_the_dev_extra(tmp_pa
     """What a fresh clone's ``make demo`` and ``make test`` would run (``make -n``, a venv path not made yet). The
     core venv above imports ``ringfence.demo`` with no extra."""
     venv = tmp_path / "venv"
-    demo = run(["make", "-n", f"VENV={venv}", "demo"], cwd=ROOT).stdout.splitlines()
+    # `make test` runs this test: an outer make's variables would make this one print its directory changes
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    demo = run(["make", "-n", f"VENV={venv}", "demo"], cwd=ROOT, env=env).stdout.splitlines()
     installs = [line for line in demo if " install " in line]
     assert installs and not [line for line in installs if "[" in line], demo
     assert installs[-1].endswith("install -q -e .") and demo[-1] == f"{venv}/bin/ringfence demo", demo
-    test = run(["make", "-n", f"VENV={venv}", "test"], cwd=ROOT).stdout
+    test = run(["make", "-n", f"VENV={venv}", "test"], cwd=ROOT, env=env).stdout
     assert "install -q -e '.[dev]'" in test
