@@ -12,6 +12,7 @@ in the same process)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -27,6 +28,7 @@ EXIT_RESTART = 75  # the worker's "replace me" exit code (see worker.py)
 READY_ENV = "RINGFENCE_SUPERVISOR_FD"  # a supervised worker writes one byte there once it serves
 READY, RECYCLING = b"1", b"r"  # what a child writes on that pipe
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+STOP_FD_ENV = "RINGFENCE_STOP_FD"  # a replaced worker's pipe of the stop signals that reached it before the exec
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,34 @@ def _tell(what: bytes) -> bool:
 def supervised() -> bool:
     """Is this worker a supervisor's child (read before it serves: ``notify_supervisor`` takes the variable)?"""
     return READY_ENV in os.environ
+
+
+def catch_stop_signals() -> None:
+    """Until the exec, write every stop signal that reaches this process to a pipe its replacement inherits.
+    Blocking a signal holds it for the main thread only: one sent to the process may reach another thread
+    (a stuck job's), whose Python handler would run after the exec, if at all. The C-level handler writes the
+    signal's number to the wake-up fd from whichever thread it runs in."""
+    read, write = os.pipe()
+    for fd in (read, write):
+        os.set_blocking(fd, False)
+    os.set_inheritable(read, True)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    os.environ[STOP_FD_ENV] = str(read)
+
+
+def stop_signal_caught() -> bool:
+    """(a replacement, once it handles signals) Did a stop signal reach the process this one replaced?"""
+    fd = os.environ.pop(STOP_FD_ENV, None)
+    if fd is None:
+        return False
+    try:
+        caught = os.read(int(fd), 64)
+    except (OSError, ValueError):
+        return False
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.close(int(fd))
+    return any(number in STOP_SIGNALS for number in caught)
 
 
 def hold_stop_signals() -> None:

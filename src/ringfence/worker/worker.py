@@ -40,11 +40,13 @@ from ringfence.worker.runner import Runner
 from ringfence.worker.settle import Settler
 from ringfence.worker.summary import DEFAULT_SUMMARY_S, Summary, check_summary_s
 from ringfence.worker.supervisor import (
+    catch_stop_signals,
     hold_stop_signals,
     notify_recycling,
     notify_supervisor,
     release_stop_signals,
     replace_process,
+    stop_signal_caught,
     supervised,
 )
 
@@ -239,6 +241,8 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):  # from the start: a stop during start-up is graceful too
             loop.add_signal_handler(sig, self.request_stop)
         release_stop_signals()  # one held across this process's replacement is handled now
+        if stop_signal_caught():  # one that reached another thread of the process this one replaced
+            self.request_stop()
         await self._connect()
         await asyncio.to_thread(self.runtime.prepare_fence_tables)  # not raced by the first jobs
         names = [q for q, _ in self.queues]
@@ -359,6 +363,7 @@ def run_worker(app: App, queues: list[tuple[str, int]] | None = None, *, concurr
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.request_stop())
     if code == EXIT_RESTART and alone:
+        catch_stop_signals()
         hold_stop_signals()
         if not worker.stopped():  # no stop signal came: a queue is never left without its worker
             replace_process()
