@@ -66,8 +66,9 @@ def test_overview_and_task_page_show_counts_failure_rate_and_run_times(make_app:
     wait_until(lambda: {k: (v["finished"], v["failed"]) for k, v in shown().items()} == want, timeout=30)
     rows = shown()
     assert rows[("default", "broken")]["rate"] == 100.0 and rows[("default", "quick")]["rate"] == 0.0
-    assert 0.25 <= rows[("default", "slow")]["p50"] <= 0.5 and 0.25 <= rows[("default", "slow")]["p95"] <= 0.5
-    assert rows[("default", "quick")]["p95"] < 0.05
+    # slow sleeps 0.3 s: never under its sleep, and within a loaded machine's delay of it; quick is far below
+    assert 0.25 <= rows[("default", "slow")]["p50"] <= rows[("default", "slow")]["p95"] <= 2.5
+    assert rows[("default", "quick")]["p95"] < rows[("default", "slow")]["p50"]
 
     page = client.get("/tasks/default/slow")
     assert page.status_code == 200 and task_rows(page.text) == {("default", "slow"): rows[("default", "slow")]}
