@@ -116,11 +116,15 @@ def test_an_idle_worker_starts_a_job_at_once(tmp_path: Path, redis_url: str,
         cluster.stop()
 
 
+# Healthy queues used to pause 3.5-5.8 s while another master failed over; a loaded CI machine adds up to ~1 s.
+LATE_S = 2.5
+
+
 def test_healthy_masters_keep_their_pace_while_one_fails_over(tmp_path: Path, redis_url: str,
                                                             started: list[subprocess.Popen[bytes]]) -> None:
     """A master is SIGKILLed; until its replica takes over (node timeout 5 s), jobs enqueued every 0.1 s on the
-    queues of the two other masters each start within 1.5 s, once, as attempt 1; the dead master's queue is served
-    again after the failover, and the healthy queues' jobs still start within 1.5 s after it."""
+    queues of the two other masters each start within LATE_S, once, as attempt 1; the dead master's queue is served
+    again after the failover, and the healthy queues' jobs still start within LATE_S after it."""
     cluster = Cluster(tmp_path, replicas=1, node_timeout_ms=5000)
     try:
         ns = f"pace{uuid.uuid4().hex[:6]}"
@@ -158,8 +162,9 @@ def test_healthy_masters_keep_their_pace_while_one_fails_over(tmp_path: Path, re
         time.sleep(7.0)  # a lease (6 s) more: an orphaned healthy job would run again as attempt 2
         runs = _starts(rdb, ns)
         healthy_runs = [r for r in runs if r[0] in acked]
-        late = {job_id: round(at - acked[job_id], 2) for job_id, _, _, at in healthy_runs if at - acked[job_id] > 1.5}
-        assert late == {}, f"{len(late)} of {len(acked)} healthy jobs started more than 1.5 s late: {late}"
+        late = {job_id: round(at - acked[job_id], 2) for job_id, _, _, at in healthy_runs
+                if at - acked[job_id] > LATE_S}
+        assert late == {}, f"{len(late)} of {len(acked)} healthy jobs started more than {LATE_S} s late: {late}"
         assert sorted(r[0] for r in healthy_runs) == sorted(acked), "each healthy job runs once"
         assert {r[2] for r in healthy_runs} == {1}
         assert dead_job in {r[0] for r in runs}
