@@ -8,11 +8,13 @@ import os
 import time
 from typing import Any
 
-from ringfence import JobContext, Permanent
+from ringfence import JobContext, Permanent, RetryPolicy
 from ringfence.testing import FakeProvider
 from support import worker_app
 
-app = worker_app(fence="FENCE_URL" in os.environ)
+# The kill tests SIGKILL a worker at each fault point with p = 0.25: every kill burns an attempt, so three
+# attempts would let a step die of kills alone (the failure tests raise Permanent, which skips retries).
+app = worker_app(fence="FENCE_URL" in os.environ, retry=RetryPolicy(max_attempts=20, base_s=0.1, cap_s=1.0))
 DIR = os.environ.get("WF_DIR", ".")
 _provider: list[FakeProvider] = []
 
