@@ -48,7 +48,7 @@ def test_small_chaos_run_passes_every_check(tmp_path: Path, topology: str) -> No
     faults = {f["kind"]: f for f in report["faults"]}
     assert set(faults) == set(KINDS)
     for kind in ("kill", "duplicates", *redis_faults, "oom", "db-kill"):  # the chaos did happen
-        assert faults[kind]["injected"] > 0, (kind, faults)
+        assert faults[kind]["injected"] > 0, (kind, faults, report["injection_errors"])
     assert sum(faults[f"provider-{k}"]["injected"] for k in ("5xx", "hang", "drop")) > 0, faults
     total = report["total"]
     # a doomed order's job may be dead before any call (charged 0 times, the check above says it is named)

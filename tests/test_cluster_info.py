@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from ringfence import App
+from ringfence.errors import BrokerError
 from support import ROOT, wait_until
 from topology import HAVE_REDIS, Cluster, SentinelSet
 
@@ -116,8 +117,9 @@ def test_the_doctor_names_a_sentinel_failover_and_what_it_may_have_lost(tmp_path
 def test_orphans_after_a_failover_are_not_blamed_on_dead_workers(tmp_path: Path) -> None:
     """A job runs (lease 3 s, renewed); the replica stops (SIGSTOP) and falls behind while the lease is renewed on
     the master alone; the master is SIGKILLed and the stale replica promoted: its copy of the lease has lapsed and
-    the live worker recovers the job as orphaned. No worker died: the doctor's failover check warns and the
-    orphaned check names the failover, not killed workers."""
+    the job is recovered as orphaned. The worker is paused (SIGSTOP) across the failover so that its next renewal
+    cannot extend the lapsed lease before the sweep takes it; it lives on. No worker died: the doctor's failover
+    check warns and the orphaned check names the failover, not killed workers."""
     s = SentinelSet(tmp_path)
     ns = f"fo{uuid.uuid4().hex[:6]}"
     env = {**os.environ, "RINGFENCE_REDIS_URL": s.url, "RINGFENCE_NAMESPACE": ns,
@@ -134,10 +136,13 @@ def test_orphans_after_a_failover_are_not_blamed_on_dead_workers(tmp_path: Path)
         for i in range(16):  # the replication stream outgrows the stopped replica's socket buffers
             master.set(f"filler:{i}", "x" * 1_000_000)
         time.sleep(5)  # renewals past the replica's lease deadline, on the master alone
+        os.kill(w.pid, signal.SIGSTOP)
         s.kill(s.master)
         os.kill(s.procs[s.replica].pid, signal.SIGCONT)
+        wait_until(lambda: _recovered(app), timeout=60)  # the sweep any worker runs, on the promoted replica
+        os.kill(w.pid, signal.SIGCONT)
         stats = app.broker.keys.queue("default").stats
-        wait_until(lambda: redis.Redis(port=s.replica).hget(stats, "orphaned") == b"1", timeout=60)
+        assert redis.Redis(port=s.replica).hget(stats, "orphaned") == b"1"
         assert w.poll() is None, "the worker died"
         done = subprocess.run([sys.executable, "-m", "ringfence.cli", "doctor", "--json", "--sample-s", "0"], env=env,
                               capture_output=True, text=True, timeout=120)
@@ -148,10 +153,18 @@ def test_orphans_after_a_failover_are_not_blamed_on_dead_workers(tmp_path: Path)
         assert "killed" not in found["orphaned"]["hypothesis"], found["orphaned"]
     finally:
         os.kill(s.procs[s.replica].pid, signal.SIGCONT)
+        os.kill(w.pid, signal.SIGCONT)
         w.kill()
         w.wait(10)
         app.close()
         s.stop()
+
+
+def _recovered(app: App) -> bool:
+    try:
+        return bool(app.broker.run(app.broker.recover("default")))
+    except (redis.RedisError, BrokerError):  # the master is down until Sentinel promotes the replica
+        return False
 
 
 def _slow(ctx: object, s: float) -> None:

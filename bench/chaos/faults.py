@@ -51,8 +51,9 @@ class Chaos:
         self._oom_until: float | None = None
         start = time.monotonic()
         # First firings early, so that even a short run sees each fault at least once.
+        # The reshard (once) comes before the first failover, which can hold the loop while the old master rejoins.
         periods = {"kill": cfg.kill_every_s, "term": cfg.term_every_s, "redis-restart": cfg.redis_restart_every_s,
-                   "failover": cfg.failover_every_s, "reshard": 1e9, "oom": cfg.oom_every_s,
+                   "reshard": 1e9, "failover": cfg.failover_every_s, "oom": cfg.oom_every_s,
                    "db-kill": cfg.db_kill_every_s}
         self.every = {k: v for k, v in periods.items() if cfg.on(k) and applies(k, cfg, db)}
         self.next_at = {k: start + min(v, 2.0 + 1.5 * i) for i, (k, v) in enumerate(self.every.items())}
