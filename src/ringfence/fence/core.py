@@ -14,7 +14,16 @@ import uuid
 from datetime import datetime
 from typing import Any, Final, Protocol
 
-from ..errors import FenceBusy, FenceConflict, FenceError, InDoubt, ReconcileTimeout, RetryLater, SettleOnly
+from ..errors import (
+    FenceBusy,
+    FenceConflict,
+    FencedOut,
+    FenceError,
+    InDoubt,
+    ReconcileTimeout,
+    RetryLater,
+    SettleOnly,
+)
 from ..faults import fault_point
 from .model import FenceBackend, FenceRow, FenceState, Owner, dumps, params_hash, provider_key
 
@@ -105,7 +114,10 @@ class Core:
 
     def capture_request(self) -> str | None:
         """The request a fresh capture stores (capturing it ``calling``), or None (captured ``claimed``)."""
-        return dumps(self.opts.params) if self._premark() else None
+        if not self._premark():
+            return None
+        self._hold_lease()
+        return dumps(self.opts.params)
 
     async def aenter(self, a: Any) -> object | None:
         """:meth:`enter` with the capture on the loop (``a``: the store's AsyncFence). A fresh row or a completed
@@ -282,6 +294,7 @@ class Core:
         if self.owner.settle_only and not self.replay:
             raise SettleOnly(f"{self._where()}: job {self.owner.job_id!r} is on its settling run (its attempts "
                              "were used up by orphaned runs): steps in doubt are settled, no new effect starts")
+        self._hold_lease()
         key = (self.subject, self.step, row.epoch)
         if self.replay:  # same key, stored request: the provider answers with the first result
             return None, ("renew", (*key, self.owner.lease_s))
@@ -289,6 +302,14 @@ class Core:
         if self.premarked and not self.called:  # captured as calling with the params as its request
             return None, (None if body == row.request else ("set_request", (*key, body)))
         return None, ("mark_calling", (*key, body, self.owner.lease_s))
+
+    def _hold_lease(self) -> None:
+        """An effect starts only while this attempt knows its lease is held: once it lapsed, the job may have been
+        recovered or dead-lettered meanwhile, naming no step, and nobody would ever settle a call made now."""
+        held = self.owner.lease_held
+        if held is not None and not held():
+            raise FencedOut(f"{self._where()}: job {self.owner.job_id!r}'s lease is not known to be held any more "
+                            "(its worker stood still past it, or could not renew it); no effect started")
 
     def effect_begun(self, write: tuple[str, tuple[Any, ...]] | None) -> None:
         """The write of :meth:`plan_effect` is committed: the row as written (no read-back)."""

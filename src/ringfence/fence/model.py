@@ -45,7 +45,8 @@ class Owner:
     falls back to its own ``lease_until`` (database clock), set ``lease_s`` ahead. ``settle_only``: the job's
     attempts are used up by orphaned runs; this last run may settle steps in doubt but never start an effect.
     ``deadline``/``budget_s``: when this attempt is stopped and how long an attempt may run; a ``reconcile``
-    hook starts only if its ``reconcile_timeout_s`` fits before the deadline.
+    hook starts only if its ``reconcile_timeout_s`` fits before the deadline. ``lease_held()``: False once the
+    attempt cannot tell that its lease is still live (its process stood still past it): no effect starts.
     """
 
     job_id: str
@@ -56,6 +57,7 @@ class Owner:
     settle_only: bool = False  # a settling run: in-doubt rules and completion only, no new effect
     deadline: float | None = None  # time.monotonic() when this attempt is stopped (the job's timeout)
     budget_s: float | None = None  # an attempt's whole time (the job's timeout)
+    lease_held: Callable[[], bool] | None = None  # is this attempt's lease still held? asked before an effect
 
 
 @dataclass(frozen=True)

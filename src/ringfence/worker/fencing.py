@@ -20,6 +20,7 @@ from ringfence.redis.broker import Broker
 from ringfence.redis.connection import UNAVAILABLE
 from ringfence.settings import WorkerSettings
 from ringfence.tasks import JobContext
+from ringfence.worker.heartbeat import LeaseBook, lease_book
 
 if TYPE_CHECKING:
     from ringfence.fence.store import FenceStore
@@ -45,11 +46,19 @@ class Fencing:
         self.broker = broker
         self.settings = settings
         self.observe = observe  # fence outcomes, for metrics
+        self.leases = LeaseBook(int) if broker is None else lease_book(broker)
+        # An effect starts only while the lease outlasts the `calling` write by this much.
+        self.margin_ms = int(min(settings.lease_s / 4, 2.0) * 1000)
+
+    def began(self, job: Fetched) -> None:
+        """The job's handler starts: its lease, from the fetch, is held until the first renewal pushes it on."""
+        self.leases.began(job.id, job.token, job.started_ms + int(self.settings.lease_s * 1000))
 
     def owner(self, ctx: JobContext) -> Owner:
         # The fence's own lease is the fallback when the broker cannot answer: it covers the job's timeout.
         return Owner(ctx.id, ctx.token, lease_s=ctx.timeout_s + self.settings.lease_s, alive=self.alive,
-                     observe=self.observe, settle_only=ctx.settling, deadline=ctx.deadline, budget_s=ctx.timeout_s)
+                     observe=self.observe, settle_only=ctx.settling, deadline=ctx.deadline, budget_s=ctx.timeout_s,
+                     lease_held=lambda: self.leases.held(ctx.id, ctx.token, self.margin_ms))
 
     def sql(self, ctx: JobContext) -> Fences:
         return Fences(self.stores.fence_store, self.owner(ctx))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +42,54 @@ class Lease(NamedTuple):
     job_id: str
     token: str
     started_ms: int  # on the Redis clock: the lease is never renewed past started_ms + max_lease_s
+
+
+class LeaseBook:
+    """Until when (Redis clock, ms) each running attempt of this process is known to hold its lease: from its fetch,
+    pushed on by each renewal Redis accepted. A fenced step asks it before an effect starts (``held``): an attempt
+    whose process stood still past its lease (a pause, a stopped VM, a long GC) may have been swept meanwhile, its
+    job recovered or dead-lettered naming no step, and must not call behind it. A local read, no round trip.
+
+    Once the worker has begun a job (``began``), an attempt it does not know is not held: the heartbeat drops an
+    attempt whose lease was lost or that no longer runs."""
+
+    def __init__(self, clock: Callable[[], int]) -> None:
+        self.clock = clock
+        self.until: dict[tuple[str, str], int] = {}
+        self.active = False  # set by the first ``began``: a fence wiring with no worker (testing) asks nothing
+
+    def began(self, job_id: str, token: str, until_ms: int) -> None:
+        self.active = True
+        key = (job_id, token)
+        self.until[key] = max(self.until.get(key, 0), until_ms)
+
+    def renewed(self, leases: list[tuple[str, str, int]]) -> None:
+        until = self.until
+        for job_id, token, ms in leases:
+            key = (job_id, token)
+            if key in until:  # never brings back an attempt dropped meanwhile
+                until[key] = max(until[key], ms)
+
+    def keep(self, running: set[tuple[str, str]]) -> None:
+        for key in [k for k in self.until if k not in running]:
+            del self.until[key]
+
+    def held(self, job_id: str, token: str, margin_ms: int) -> bool:
+        """Does the lease outlast now by ``margin_ms`` (the time the ``calling`` write may take)?"""
+        if not self.active:
+            return True
+        return self.clock() + margin_ms < self.until.get((job_id, token), 0)
+
+
+_BOOKS: weakref.WeakKeyDictionary[Broker, LeaseBook] = weakref.WeakKeyDictionary()
+
+
+def lease_book(broker: Broker) -> LeaseBook:
+    """The process's book of its leases on ``broker``, shared by the heartbeat and the fence wiring."""
+    book = _BOOKS.get(broker)
+    if book is None:
+        book = _BOOKS[broker] = LeaseBook(broker.clock)
+    return book
 
 
 class Slot(NamedTuple):
@@ -85,6 +134,7 @@ class Heartbeat(Loop):
         self.started = broker.clock() / 1000  # Redis clock, like every time other processes compare
         self.registry_failing = False
         self.latency_sampled_ms = 0
+        self.book = lease_book(broker)
 
     def info(self) -> dict[str, Any]:
         me, b = self.me, self.broker
@@ -172,6 +222,9 @@ class Heartbeat(Loop):
                 continue
             if lost:
                 self.holder.lease_lost(lost)
+            self.book.renewed([lease for lease in leases if lease[0] not in lost])
+        # Read again, with no await since: an attempt begun during the calls above is kept.
+        self.book.keep({(lease.job_id, lease.token) for lease in self.holder.leases()})
         until = now + int(settings.lease_s * 1000)
         by_limit: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
         for slot in self.holder.slots():

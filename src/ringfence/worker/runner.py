@@ -43,6 +43,7 @@ class Runner:
         job, task, spec = r.job, a.task, a.spec
         timeout_s = spec.timeout_ms / 1000 if spec.timeout_ms else task.options.timeout_s
         r.started = time.monotonic()
+        self.fencing.began(job)
         self.observers.started(job, task, (self.clock() - spec.enqueued_ms) / 1000)
         r.ctx = ctx = JobContext(
             id=job.id, task=task.name, queue=job.queue, attempt=job.attempt,
