@@ -52,6 +52,7 @@ log = logging.getLogger("ringfence")
 
 DeadHook = Callable[[DeadJob], Any]
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024  # a job is a message, not a file: every reader and replica copies it
+MAX_PARTITIONS = 1024  # a worker makes one fetch call per partition it finds empty before it sleeps
 _DEFAULT: Any = object()  # "use the app default", distinct from None ("off")
 
 
@@ -125,6 +126,7 @@ class App:
         self.retry_profiles: dict[str, RetryPolicy] = {}
         self.breakers: dict[str, BreakerPolicy] = {}
         self.queue_limits: dict[str, int] = {}
+        self.partitions: dict[str, int] = {}  # queue -> its partitions (app.queue(name, partitions=N))
         self.periodics: list[Periodic] = []
         for name, policy in (retry_profiles or {}).items():
             self.retry_profile(name, policy)
@@ -207,7 +209,8 @@ class App:
     def task(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
         """Register a handler: ``@app.task`` or ``@app.task(name=..., queue=..., max_attempts=..., timeout_s=...,
         expiry_s=..., retry=RetryPolicy(...), retry_delay=fn(attempt, exc), permanent=(ExcType, ...),
-        version=N, payload=PydanticModel, example={...}, store_result=True, result_ttl_s=..., durable_settle=True)``."""
+        version=N, payload=PydanticModel, example={...}, store_result=True, result_ttl_s=..., durable_settle=True,
+        partition_key="order:{order_id}")``."""
         if fn is not None:
             return self._register(fn, **options)
         return lambda f: self._register(f, **options)
@@ -231,6 +234,7 @@ class App:
         concurrency: int | None = None,
         unique_for: float | None = None,
         unique_key: Any = None,
+        partition_key: Any = None,
         store_result: bool = False,
         result_ttl_s: float | None = None,
         durable_settle: bool = False,
@@ -265,7 +269,7 @@ class App:
         task = Task(self, fn, options, tuple(permanent), retry_delay, version=version, payload=payload,
                     example=example, dependency=dependency, concurrency=concurrency, unique_for=unique_for,
                     unique_key=unique_key, store_result=store_result, result_ttl_s=result_ttl_s,
-                    durable_settle=durable_settle)
+                    durable_settle=durable_settle, partition_key=partition_key)
         self.registry.add(task)
         return task
 
@@ -290,6 +294,25 @@ class App:
         if not callable(source):
             check(source.problems())
         self.reconcile_sources[step] = source
+
+    def queue(self, name: str, *, partitions: int) -> None:
+        """Declare queue ``name`` as ``partitions`` queues in as many Redis Cluster slots, spread over its masters
+        (docs/deployment.md): enqueue puts a job in one partition (by the task's ``partition_key``, else its unique
+        or debounce key, else in turn), a worker serving ``name`` fetches from all of them. Jobs with one key keep
+        their order; the queue as a whole is not FIFO. Declare it the same way in producers and workers::
+
+            app.queue("hot", partitions=6)
+        """
+        check_name("queue", name)
+        if type(partitions) is not int or not 1 <= partitions <= MAX_PARTITIONS:
+            raise ConfigError(f"queue({name!r}, partitions={partitions!r}): partitions must be an int from 1 to "
+                              f"{MAX_PARTITIONS}")
+        known = self.partitions.get(name)
+        if known is not None and known != partitions:
+            raise ConfigError(f"queue {name!r} is declared with partitions={known} and partitions={partitions}; "
+                              "declare it once")
+        if partitions > 1:
+            self.partitions[name] = partitions
 
     def limit_queue(self, queue: str, concurrency: int) -> None:
         """At most ``concurrency`` jobs of ``queue`` run at once across all workers."""

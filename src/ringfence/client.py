@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import math
+import random
+import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
@@ -18,7 +21,7 @@ from ringfence.outbox import write as outbox_write
 from ringfence.redis import workflows as stored
 from ringfence.redis.broker import Broker
 from ringfence.redis.connect import REDIS_ERRORS, broker_error
-from ringfence.redis.keys import INLINE_MAX_BYTES
+from ringfence.redis.keys import INLINE_MAX_BYTES, logical_queue, partition_name
 from ringfence.redis.ready import ReadyEnqueue
 from ringfence.redis.replicas import arun_replicated, run_replicated
 from ringfence.settings import MAX_ATTEMPTS_LIMIT, WorkerSettings, check_name
@@ -80,6 +83,8 @@ class ProducerConfig(Protocol):
     def replica_timeout_s(self) -> float: ...
     @property
     def namespace(self) -> str: ...
+    @property
+    def partitions(self) -> dict[str, int]: ...
 
 
 class Client:
@@ -87,6 +92,9 @@ class Client:
         self.app = app
         self._known_queues: set[str] = set()
         self._ready: dict[Task, ReadyEnqueue | None] = {}  # per task: its plain enqueues' packed-ahead call
+        # jobs with no key go to the partitions in turn, from a random one: many short-lived producers would
+        # otherwise all start on the first
+        self._turn = itertools.count(random.randrange(1 << 30))
 
     def prepare(self, task: Task, payload: Any, opts: EnqueueOptions, now_ms: float | None = None) -> Prepared:
         """Validate and encode one job. ``payload`` is a dict of fields or the task's payload model.
@@ -117,6 +125,7 @@ class Client:
             spec.extra.update(Tracing.fields())
         job_id = check_name("job id", opts.job_id) if opts.job_id else new_job_id()
         ukey, until = self._unique(task, args, opts, max(now, at))
+        queue = self.route(task, queue, args, opts, ukey)
         encoded = spec.encode()
         self._check_size(task, encoded)
         # orjson's bytes keep their 4 KiB buffer; a copy holds only the spec (enqueue_many keeps 100,000s of them)
@@ -126,7 +135,7 @@ class Client:
         """The checks of ``prepare`` that need no clock (and so no Redis); returns the queue."""
         queue = opts.queue or task.options.queue
         if queue not in self._known_queues:  # a known queue's name was checked when it was registered
-            check_name("queue", queue)
+            check_name("queue", logical_queue(queue))  # a partition's name is its queue's and '~<i>of<N>'
         if opts.run_at is not None and opts.delay_s is not None:
             raise ConfigError("give delay_s or run_at, not both")
         if opts.run_at is not None and opts.run_at.tzinfo is None:
@@ -138,6 +147,25 @@ class Client:
                 f"timeout_s={opts.timeout_s} must be > 0 and below max_lease_s={self.app.worker_settings.max_lease_s}"
             )
         return queue
+
+    def route(self, task: Task, queue: str, args: dict[str, Any], opts: EnqueueOptions, key: str = "") -> str:
+        """The partition a job of a partitioned queue goes to (app.queue(name, partitions=N)): the one its
+        ``partition_key`` hashes to, else the one ``key`` (its unique or debounce key) hashes to, so that key is
+        held in one place; else the next in turn. A plain queue is itself."""
+        if queue not in self.app.partitions:
+            return queue
+        how = opts.partition_key if opts.partition_key is not None else task.partition_key
+        if how is not None:
+            key = _key(task, args, "partition_key", how)
+        return self.partition(queue, key)
+
+    def partition(self, queue: str, key: str = "") -> str:
+        """The partition of ``queue`` that ``key`` hashes to ("": the next in turn); a plain queue is itself."""
+        n = self.app.partitions.get(queue)
+        if n is None:
+            return queue
+        index = zlib.crc32(key.encode()) % n if key else next(self._turn) % n
+        return partition_name(queue, index, n)
 
     def check(self, task: Task, payload: Any, opts: EnqueueOptions) -> dict[str, Any]:
         """Every check of an enqueue, without Redis: the encoded payload, or the error ``enqueue`` would raise."""
@@ -307,6 +335,8 @@ class Client:
         plain = replace(opts, delay_s=opts.debounce_s, debounce_s=None, debounce_key=None, max_wait_s=None,
                         replace="both")
         queue, job_id, spec, at, *_ = self.prepare(task, payload, plain)
+        if opts.partition_key is None and task.partition_key is None:  # one key, one partition: one job to replace
+            queue = self.partition(self.check_options(task, plain), key)
         broker = self.app.broker
         if queue not in self._known_queues:
             broker.register_queues([queue])
@@ -322,6 +352,8 @@ class Client:
         if task.unique_for is not None or not self._inline(task, NO_OPTIONS):
             return None
         queue = self.check_options(task, NO_OPTIONS)
+        if queue in self.app.partitions:  # each job picks its partition (route)
+            return None
         ready = self.app.broker.ready_enqueue(queue)
         if ready is not None and queue not in self._known_queues:
             self.app.broker.register_queues([queue])

@@ -11,6 +11,7 @@ from ringfence.errors import BadRecord, CannotConnect
 from ringfence.models import DeadJob, JobSpec
 from ringfence.redis.broker import Broker
 from ringfence.redis.connection import UNAVAILABLE
+from ringfence.redis.keys import logical_queue
 from ringfence.redis.topology import node_of, prepare_reads
 
 
@@ -58,6 +59,31 @@ def versions_in_flight(broker: Broker, queue: str) -> dict[str, Any]:
             tag = "malformed"
         counts[tag] = counts.get(tag, 0) + 1
     return {"versions": dict(sorted(counts.items())), "versions_exact": exact}
+
+
+_SUMMED = ("pending", "active", "scheduled", "retry", "dead", "processed", "failed", "orphaned", "dangling")
+
+
+def by_logical_queue(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``info`` rows with the partitions of a partitioned queue in one row under its name: counts summed, the
+    oldest latency, paused when any partition is, ``partitions`` the number found."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        queue = logical_queue(row["queue"])
+        merged = out.get(queue)
+        if merged is None:
+            out[queue] = {**row, "queue": queue, "versions": dict(row["versions"]),
+                          "partitions": int(queue != row["queue"])}
+            continue
+        for k in _SUMMED:
+            merged[k] += row[k]
+        merged["latency_s"] = max(merged["latency_s"], row["latency_s"])
+        merged["paused"] = merged["paused"] or row["paused"]
+        merged["versions_exact"] = merged["versions_exact"] and row["versions_exact"]
+        for tag, n in row["versions"].items():
+            merged["versions"][tag] = merged["versions"].get(tag, 0) + n
+        merged["partitions"] += 1
+    return [out[q] for q in sorted(out)]
 
 
 def info(broker: Broker) -> list[dict[str, Any]]:
@@ -139,7 +165,10 @@ class DeadFilter:
 def dead_jobs(broker: Broker, flt: DeadFilter, limit: int | None = None) -> list[DeadJob]:
     """Newest first. Scans in pages so a large dead-letter does not load at once."""
     out: list[DeadJob] = []
-    for queue in [flt.queue] if flt.queue else broker.queues():
+    queues = broker.queues()
+    if flt.queue:  # a partitioned queue's name stands for its partitions
+        queues = [flt.queue, *(q for q in queues if q != flt.queue and logical_queue(q) == flt.queue)]
+    for queue in queues:
         offset = 0
         while True:
             ids = broker.dead_ids(queue, offset, 500)

@@ -55,6 +55,7 @@ class Declarations(Protocol):
     max_payload_bytes: int | None
     min_replicas: int
     replica_timeout_s: float
+    partitions: dict[str, int]
     alert_hooks: list[AlertHook]
     alert_rules: Any
 
@@ -73,6 +74,7 @@ class Runtime:
         self.max_payload_bytes = app.max_payload_bytes
         self.min_replicas = app.min_replicas
         self.replica_timeout_s = app.replica_timeout_s
+        self.partitions = app.partitions  # the App's own dict: a queue declared after this is seen too
         self.fence_url = app.fence_url
         self.embedded: EmbeddedRedis | None = None
         self._declared_url, self._redis_clients = app.declared_redis_url, app.redis_clients

@@ -80,7 +80,8 @@ class Task(Generic[P, R]):
                  example: dict[str, Any] | None = None, dependency: str | None = None,
                  concurrency: int | None = None, unique_for: float | None = None,
                  unique_key: str | Callable[[dict[str, Any]], str] | None = None, store_result: bool = False,
-                 result_ttl_s: float | None = None, durable_settle: bool = False) -> None:
+                 result_ttl_s: float | None = None, durable_settle: bool = False,
+                 partition_key: str | Callable[[dict[str, Any]], str] | None = None) -> None:
         self.app = app
         self.fn = fn
         self.options = options
@@ -93,6 +94,7 @@ class Task(Generic[P, R]):
         self.concurrency = concurrency  # jobs of this task running at once across all workers
         self.unique_for = unique_for
         self.unique_key = unique_key
+        self.partition_key = partition_key  # picks the partition of a partitioned queue (client.Client.route)
         self.store_result = store_result  # keep the handler's return value for app.result() (results.py)
         self.result_ttl_s = result_ttl_s  # how long it is kept (None: results.DEFAULT_TTL_S)
         self.durable_settle = durable_settle  # its ack, retry, dead-letter wait for a replica (worker/settle.py)
@@ -131,7 +133,8 @@ class Task(Generic[P, R]):
         """Enqueue options: queue, delay_s, run_at (datetime), max_attempts, timeout_s, expiry_s, job_id,
         unique_for (s), unique_key (str template like "order:{order_id}" or callable(payload)), raise_on_duplicate,
         depends_on (job ids of the same queue: the job runs once they are all done), debounce_s, debounce_key,
-        max_wait_s, replace (the last enqueue with a key wins: docs/scheduling.md)."""
+        max_wait_s, replace (the last enqueue with a key wins: docs/scheduling.md), partition_key (as unique_key: the
+        partition of a partitioned queue; jobs with one key keep their order)."""
         return BoundTask(self, enqueue_options(**options))
 
     def enqueue(self, *args: P.args, **fields: P.kwargs) -> str:
@@ -185,6 +188,7 @@ class OptionFields(TypedDict, total=False):
     debounce_key: str | Callable[[dict[str, Any]], str] | None
     max_wait_s: float | None
     replace: Replace
+    partition_key: str | Callable[[dict[str, Any]], str] | None
 
 
 @dataclass(frozen=True)
@@ -206,6 +210,8 @@ class EnqueueOptions:
     debounce_key: str | Callable[[dict[str, Any]], str] | None = None  # as unique_key; None: the task's name
     max_wait_s: float | None = None  # a debounced job starts at most this long after its first enqueue
     replace: Replace = "both"        # what a later enqueue with the key replaces: payload, delay or both
+    partition_key: str | Callable[[dict[str, Any]], str] | None = None  # as unique_key: a partitioned queue's
+    #                                                                      partition (client.Client.route)
 
     def __post_init__(self) -> None:
         _check_debounce(self)

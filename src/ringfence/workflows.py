@@ -217,6 +217,7 @@ class _Start:
         self.business_id = business_id or ""
         self.ttl_ms = max(1, int((result_ttl_s if result_ttl_s is not None else DEFAULT_TTL_S) * 1000))
         self.workflow_id = new_job_id()
+        self.queue = self.client.partition(self.queue, self.business_id or self.workflow_id)  # all steps in one slot
         self.names = _names(self.steps)
 
     def send(self) -> bool:

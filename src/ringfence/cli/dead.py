@@ -16,6 +16,7 @@ from ringfence.cli.base import app_option, main
 from ringfence.cli.ops import print_json, print_table
 from ringfence.errors import ConfigError
 from ringfence.models import DeadJob
+from ringfence.redis.keys import logical_queue
 
 BATCH = 500  # ids per script call of replay and delete
 
@@ -53,7 +54,8 @@ def _sql_only(app: App, flt: inspect.DeadFilter, ids: tuple[str, ...] = (), seen
     rows = [r for r in failed.unreplayed(list(ids) if ids else None) if r["job_id"] not in (seen or set())]
     jobs = [as_dead_job(r) for r in rows]
     if not ids:
-        jobs = [j for j in jobs if flt.matches(j) and (not flt.queue or j.queue == flt.queue)]
+        jobs = [j for j in jobs if flt.matches(j)
+                and (not flt.queue or flt.queue in (j.queue, logical_queue(j.queue)))]
     out: list[DeadJob] = []
     for queue in sorted({j.queue for j in jobs}):
         of_queue = [j for j in jobs if j.queue == queue]

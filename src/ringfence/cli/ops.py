@@ -53,6 +53,7 @@ def info(app: App, as_json: bool) -> None:
     _short_timeouts(app)
     silent = silent_masters(app.broker)
     rows, missing = inspect.info_partial(app.broker, silent)
+    rows = inspect.by_logical_queue(rows)  # a partitioned queue is one row
     breakers, missing_breakers = inspect.breakers_partial(app.broker, silent)
     try:
         outbox = outbox_lag(app)

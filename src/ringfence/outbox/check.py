@@ -8,6 +8,7 @@ from __future__ import annotations
 from ringfence.errors import BadRecord, ConfigError
 from ringfence.models import JobSpec
 from ringfence.outbox.store import Waiting
+from ringfence.redis.keys import logical_queue
 from ringfence.settings import check_name
 
 
@@ -15,7 +16,7 @@ def problem(row: Waiting, max_bytes: int | None) -> str | None:
     """Why ``row`` cannot be sent as it is, in one line; None when it can."""
     try:
         check_name("job id", row.job_id)
-        check_name("queue", row.queue)
+        check_name("queue", logical_queue(row.queue))  # a partition (keys.partition_name) is named after its queue
     except ConfigError as exc:
         return str(exc)
     if max_bytes is not None and len(row.spec) > max_bytes:

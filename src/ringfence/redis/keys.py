@@ -1,6 +1,7 @@
 """Every Redis key name ringfence uses, built in one place.
 
-Per-queue keys share the hash tag ``{namespace:queue}`` so each script touches one slot (Redis Cluster). The
+Per-queue keys share the hash tag ``{namespace:queue}`` so each script touches one slot (Redis Cluster); the
+partitions of a partitioned queue each have a tag of their own, chosen to spread them over the slots (queue_tag). The
 namespace keys (queues, servers, server_info, meta, dependencies) are read and written together by scripts: on a
 Redis Cluster they share the hash tag ``{namespace}`` (``ns:{ns}:servers``); on a single Redis or Sentinel they
 keep their untagged names (``ns:servers``), so existing deployments need no migration.
@@ -8,13 +9,53 @@ keep their untagged names (``ns:servers``), so existing deployments need no migr
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 #: Specs up to this size of jobs ready now, with a generated id, no unique key and no stored result go into the
 #: pending list itself (``<id><spec>``), with no ``jobs`` entry until fetch leases them: ~95 instead of ~165 bytes
 #: per queued job. Larger specs stay in the hash: a lookup by id scans the list (``pending_entry.lua``), and
 #: that scan copies every entry.
 INLINE_MAX_BYTES = 512
+
+
+#: A partition of a queue declared with ``partitions=N`` (app.py) is a queue of its own named ``<queue>~<i>of<N>``;
+#: '~' is outside the names users may give (settings.check_name), so no queue of theirs looks like one.
+PARTITION = re.compile(r"(.+)~(\d+)of(\d+)")
+
+
+def partition_name(queue: str, index: int, partitions: int) -> str:
+    return f"{queue}~{index}of{partitions}"
+
+
+def logical_queue(name: str) -> str:
+    """The queue a partition belongs to (a plain queue: itself)."""
+    m = PARTITION.fullmatch(name)
+    return m.group(1) if m else name
+
+
+def queue_tag(namespace: str, queue: str) -> str:
+    """The hash tag of a queue's keys: ``namespace:queue``; for partition i of N, the first of ``namespace:queue``,
+    ``namespace:queue.1``, ... whose slot lies in the middle half of the i-th of N equal slices of the slot space.
+    Masters given equal slot ranges (``redis-cli --cluster create``) then hold N/M partitions each when N is a
+    multiple of the M masters. N is part of the name, so a queue redeclared with another N gets new keys and never
+    reads the old ones under a moved tag."""
+    base = f"{namespace}:{queue}"
+    m = PARTITION.fullmatch(queue)
+    if m is None:
+        return base
+    index, count = int(m.group(2)), int(m.group(3))
+    width = REDIS_CLUSTER_HASH_SLOTS / count
+    low, high = (index + 0.25) * width, (index + 0.75) * width
+    if high - low < 1:  # more partitions than a quarter of the slots: spread as the hash falls
+        return base
+    for n in range(100_000):
+        tag = base if n == 0 else f"{base}.{n}"
+        if low <= key_slot(tag.encode()) < high:
+            return tag
+    return base  # unreachable in practice: a slice of >= 1 slot is hit within a few thousand tries
 
 
 def split_entry(entry: bytes | str) -> tuple[str, bytes | None]:
@@ -84,8 +125,16 @@ class Keys:
         return BreakerKeys(state=f"{p}:breaker", transitions=f"{p}:transitions", failures=f"{p}:failures")
 
     def slots(self, kind: str, name: str) -> str:
-        """zset of a global concurrency limit (kind: task or queue): holder -> slot lease end ms."""
+        """zset of a concurrency limit: holder -> slot lease end ms. kind: task or queue (a global limit), or
+        ``key:<queue>`` (the slots of concurrency key ``name`` in that queue, in its slot: lua/_keyed.lua)."""
+        if kind.startswith("key:"):
+            return f"{self.keyed(kind[4:])}s:{name}"
         return f"{self.ns}:{{{self.ns}:limit:{kind}:{name}}}:slots"
+
+    def keyed(self, queue: str) -> str:
+        """The prefix of a queue's concurrency-key keys (ring, parked, limit, per-key lists and slots), which
+        lua/_keyed.lua lists; they share the queue's hash tag."""
+        return self.queue(queue).pending.removesuffix("pending") + "ck:"
 
     def result(self, job_id: str) -> str:
         """list: a finished job's result record (tasks with store_result), one key (and slot) per job."""
@@ -93,12 +142,12 @@ class Keys:
 
     def workflow(self, queue: str, workflow_id: str) -> str:
         """hash: one workflow's steps and state, in the slot of the queue its steps run in (redis/workflows.py)."""
-        return f"{self.ns}:{{{self.ns}:{queue}}}:wf:{workflow_id}"
+        return f"{self.ns}:{{{queue_tag(self.ns, queue)}}}:wf:{workflow_id}"
 
     def queue(self, name: str) -> QueueKeys:
         keys = self._cache.get(name)
         if keys is None:
-            p = f"{self.ns}:{{{self.ns}:{name}}}"
+            p = f"{self.ns}:{{{queue_tag(self.ns, name)}}}"
             keys = QueueKeys(
                 pending=f"{p}:pending",
                 jobs=f"{p}:jobs",

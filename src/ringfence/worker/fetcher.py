@@ -13,7 +13,7 @@ from ringfence.models import Fetched
 from ringfence.redis.broker import Broker
 from ringfence.redis.connection import UNAVAILABLE
 from ringfence.redis.waker import Waker
-from ringfence.worker.outcomes import weighted_order
+from ringfence.worker.partitions import FetchOrder
 
 log = logging.getLogger("ringfence.worker")
 
@@ -45,6 +45,7 @@ class Fetcher:
         self.stopping = stopping
         self.waker = Waker(broker, server_id, [q for q, _ in queues])
         self._seq = 0
+        self._order = FetchOrder(queues)  # a partitioned queue's partitions in turn (worker/partitions.py)
         self._left = 0  # slots the last fetch left free: pushed jobs beyond them are handed back
         self._marked = False  # the last fetch left this worker marked idle in some queue (fetch.lua)
         self._starving: list[str] = []
@@ -106,7 +107,7 @@ class Fetcher:
         self.down[queue] = time.monotonic() + DOWN_S
 
     async def order(self) -> list[str]:
-        order = weighted_order(self.queues, self.strict)
+        order = self._order.next(self.strict)
         if not self.max_wait:
             return order
         now = self.broker.clock()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ringfence.models import Fetched
 from ringfence.redis.broker import Broker
+from ringfence.redis.keys import logical_queue
 from ringfence.settings import BreakerPolicy, WorkerSettings
 from ringfence.tasks import Task
 
@@ -33,14 +34,16 @@ class Gates:
     def applies(self, job: Fetched, task: Task) -> bool:
         """Whether ``enter`` has anything to check for this job: a concurrency limit (task or queue) or a
         dependency. False: the caller may skip ``enter`` and ``release`` (no coroutine or clock read per job)."""
-        return task.concurrency is not None or task.dependency is not None or job.queue in self.queue_limits
+        return (task.concurrency is not None or task.dependency is not None
+                or logical_queue(job.queue) in self.queue_limits)
 
     def limits(self, job: Fetched, task: Task) -> list[tuple[str, str, int]]:
         out = []
         if task.concurrency is not None:
             out.append(("task", task.name, task.concurrency))
-        if job.queue in self.queue_limits:
-            out.append(("queue", job.queue, self.queue_limits[job.queue]))
+        queue = logical_queue(job.queue)  # a partitioned queue's limit holds across its partitions
+        if queue in self.queue_limits:
+            out.append(("queue", queue, self.queue_limits[queue]))
         return out
 
     async def enter(self, job: Fetched, task: Task) -> Wait | None:

@@ -18,6 +18,7 @@ from ringfence.metrics import Metrics
 from ringfence.models import new_job_id
 from ringfence.redis.connect import login_refused, still_loading, while_loading
 from ringfence.redis.connection import UNAVAILABLE, redact
+from ringfence.redis.keys import logical_queue
 from ringfence.settings import WorkerSettings, check_name, check_threads
 from ringfence.worker.acks import Acks
 from ringfence.worker.admit import Admission
@@ -34,6 +35,7 @@ from ringfence.worker.observers.breakers import BreakerObserver
 from ringfence.worker.observers.failed_jobs import FailedJobsObserver
 from ringfence.worker.observers.hooks import DeadHooksObserver
 from ringfence.worker.observers.metrics import MetricsObserver
+from ringfence.worker.partitions import expand
 from ringfence.worker.processor import Processor
 from ringfence.worker.recycle import NO_LIMITS, Limits, Recycler
 from ringfence.worker.runner import Runner
@@ -87,16 +89,19 @@ class Worker:
         self.app = app
         self.settings = settings or app.worker_settings
         app.check(self.settings)
-        self.queues = queues or [(q, 1) for q in (app.registry.queues() or ["default"])]
+        logical = queues or [(q, 1) for q in (app.registry.queues() or ["default"])]
+        self.queues = expand(logical, app.partitions)  # each partition of a partitioned queue (worker/partitions.py)
         self.concurrency = concurrency
         self.strict = strict
         self.server_id = f"{socket.gethostname()}.{os.getpid()}.{new_job_id()[:6]}"
         self.runtime = app.runtime  # the live parts; each component below gets the one it needs
         self.broker = self.runtime.broker
         self.exit_code = 0
-        unknown = sorted(set(max_wait or {}) - {q for q, _ in self.queues})
+        unknown = sorted(set(max_wait or {}) - {q for q, _ in logical})
         if unknown:
             raise ConfigError(f"--max-wait names queue(s) this worker does not serve: {', '.join(unknown)}")
+        if max_wait:  # a partitioned queue's bound holds for each partition
+            max_wait = {q: max_wait[logical_queue(q)] for q, _ in self.queues if logical_queue(q) in max_wait}
         self.scheduler = scheduler
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host

@@ -1,0 +1,166 @@
+"""Partitioned queues on one Redis (app.queue(name, partitions=N)): enqueue spreads jobs over the partitions, one
+partition per key; real worker processes drain every partition, none waiting behind a deep one; dead-letter,
+replay, unique and debounce hold per job; ``info`` and ``dead`` name the queue."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from ringfence import App, ConfigError
+from ringfence.redis.keys import partition_name
+from support import ROOT, wait_until
+
+PARTS = 4
+
+
+def _noop(ctx: object, key: str, n: int, fail: bool = False) -> None:
+    pass
+
+
+def _spread(ctx: object, n: int) -> None:
+    pass
+
+
+@pytest.fixture
+def hot(make_app: Callable[..., App]) -> App:
+    app = make_app()
+    app.queue("hot", partitions=PARTS)
+    app.task(name="keyed", queue="hot", partition_key="k:{key}")(_noop)
+    app.task(name="spread", queue="hot")(_spread)
+    return app
+
+
+@pytest.fixture
+def workers(namespace: str, redis_url: str) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "RINGFENCE_REDIS_URL": redis_url, "RINGFENCE_NAMESPACE": namespace,
+               "TEST_PARTITIONS": str(PARTS),
+               "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        p = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", "partitionapp:app",
+                              "--queues", "hot", *args], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+
+
+def _pending(app: App) -> dict[str, int]:
+    return {p: app.broker.sync.llen(app.broker.keys.queue(p).pending)
+            for p in (partition_name("hot", i, PARTS) for i in range(PARTS))}
+
+
+def _runs(rdb: redis.Redis, ns: str) -> list[list[str]]:
+    return [r.decode().split() for r in rdb.lrange(f"{ns}:test:runs", 0, -1)]
+
+
+def _cli(namespace: str, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RINGFENCE_REDIS_URL": redis_url, "RINGFENCE_NAMESPACE": namespace,
+           "TEST_PARTITIONS": str(PARTS),
+           "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return subprocess.run([sys.executable, "-m", "ringfence.cli", *args, "--app", "partitionapp:app"], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_jobs_without_a_key_spread_evenly_and_a_key_stays_in_one_partition(hot: App) -> None:
+    hot.enqueue_many("spread", [{"n": n} for n in range(100)])
+    for n in range(20):
+        hot.enqueue("spread", n=n)
+    assert set(_pending(hot).values()) == {30}, _pending(hot)  # in turn: exactly even
+    before = _pending(hot)
+    for n in range(30):
+        hot.enqueue("keyed", key="a", n=n)
+    grew = {p: c - before[p] for p, c in _pending(hot).items() if c != before[p]}
+    assert list(grew.values()) == [30], grew
+    assert hot.broker.queues() == sorted(_pending(hot))  # the partitions are the queues Redis knows
+
+
+def test_a_bad_declaration_is_refused(make_app: Callable[..., App]) -> None:
+    app = make_app()
+    for bad in (0, -1, 1.5, "4", 100_000):
+        with pytest.raises(ConfigError, match="partitions must be an int"):
+            app.queue("hot", partitions=bad)  # type: ignore[arg-type]
+    app.queue("hot", partitions=4)
+    with pytest.raises(ConfigError, match="declared with partitions=4 and partitions=8"):
+        app.queue("hot", partitions=8)
+    with pytest.raises(ConfigError, match="queue 'h t'"):
+        app.queue("h t", partitions=2)
+
+
+def test_unique_and_debounce_keys_hold_across_partitions(hot: App) -> None:
+    """A unique or debounce key routes to one partition, so it is held once for the whole queue."""
+    unique = hot.resolve("spread").with_options(unique_for=60, unique_key="u:{n}")
+    first = unique.enqueue(n=1)
+    assert [unique.enqueue(n=1) for _ in range(8)] == [first] * 8
+    debounced = hot.resolve("spread").with_options(debounce_s=60, debounce_key="d")
+    one = debounced.enqueue(n=1)
+    assert [debounced.enqueue(n=k) for k in range(2, 10)] == [one] * 8
+    held = [p for p in _pending(hot) if hot.broker.sync.zcard(hot.broker.keys.queue(p).scheduled)]
+    assert len(held) == 2 or len(set(held)) == 1  # both scheduled jobs (unique is pending), each in one partition
+
+
+def test_workers_drain_every_partition_and_a_deep_one_starves_none(
+        hot: App, workers: Callable[..., subprocess.Popen[bytes]], rdb: redis.Redis, namespace: str) -> None:
+    """One key holds 400 jobs in one partition, 40 other keys 3 jobs each over the partitions: with one worker
+    of concurrency 1, the jobs of every small key in another partition start within the first quarter of the
+    drain (the ones in the deep key's partition wait behind it: a partition is FIFO), and each key's jobs start
+    in enqueue order."""
+    hot.enqueue_many("keyed", [{"key": "big", "n": n} for n in range(400)])
+    small = [f"s{k}" for k in range(40)]
+    for n in range(3):
+        hot.enqueue_many("keyed", [{"key": k, "n": n} for k in small])
+    assert all(_pending(hot).values())
+    workers("--concurrency", "1")
+    wait_until(lambda: len(_runs(rdb, namespace)) >= 520, timeout=60)
+    runs = _runs(rdb, namespace)
+    assert len(runs) == 520 and not any(_pending(hot).values())
+    deep = next(r[2] for r in runs if r[0] == "big")
+    elsewhere = [i for i, r in enumerate(runs) if r[0] != "big" and r[2] != deep]
+    assert len(elsewhere) >= 60 and max(elsewhere) < 520 // 4, f"their last job started at {max(elsewhere)} of 520"
+    for key in ["big", *small]:
+        order = [int(r[1]) for r in runs if r[0] == key]
+        assert order == sorted(order) and len(order) == (400 if key == "big" else 3), (key, order)
+        assert len({r[2] for r in runs if r[0] == key}) == 1  # one partition per key
+
+
+def test_dead_letter_replay_and_info_name_the_queue(
+        hot: App, workers: Callable[..., subprocess.Popen[bytes]], rdb: redis.Redis, namespace: str,
+        redis_url: str) -> None:
+    """Failing jobs go to dead-letter in their partitions; ``dead list --queue hot`` shows them all, ``dead
+    replay --queue hot --all`` sends each back to its partition; ``info`` has one row for the queue."""
+    hot.enqueue_many("keyed", [{"key": f"k{n}", "n": n, "fail": True} for n in range(12)])
+    hot.enqueue_many("spread", [{"n": n} for n in range(20)])
+    w = workers("--concurrency", "4")
+    wait_until(lambda: sum(int(hot.broker.sync.zcard(hot.broker.keys.queue(p).dead)) for p in _pending(hot)) == 12)
+    dead_in = Counter(p for p in _pending(hot) for _ in range(hot.broker.sync.zcard(hot.broker.keys.queue(p).dead)))
+    assert len(dead_in) > 1  # spread over partitions
+    listed = json.loads(_cli(namespace, redis_url, "dead", "list", "--queue", "hot", "--json").stdout)
+    assert sorted(j["id"] for j in listed) == sorted(r[4] for r in _runs(rdb, namespace) if r[0] != "-")
+    info = json.loads(_cli(namespace, redis_url, "info", "--json").stdout)
+    assert [(q["queue"], q["dead"], q["processed"], q["partitions"]) for q in info["queues"]] == [
+        ("hot", 12, 20, PARTS)]
+    os.killpg(w.pid, signal.SIGKILL)
+    w.wait(10)
+    replay = _cli(namespace, redis_url, "dead", "replay", "--queue", "hot", "--all")
+    assert replay.returncode == 0, replay.stderr
+    assert Counter({p: hot.broker.sync.llen(hot.broker.keys.queue(p).pending) for p in dead_in}) == dead_in
+    workers("--concurrency", "4")
+    wait_until(lambda: len(_runs(rdb, namespace)) >= 12 * 2 + 20)
+    again = [r for r in _runs(rdb, namespace)[32:] if r[0] != "-"]
+    first = {r[4]: r[2] for r in _runs(rdb, namespace)[:32] if r[0] != "-"}
+    assert {r[4]: r[2] for r in again} == first  # each ran again, in the partition it died in
