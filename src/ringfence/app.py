@@ -210,7 +210,7 @@ class App:
         """Register a handler: ``@app.task`` or ``@app.task(name=..., queue=..., max_attempts=..., timeout_s=...,
         expiry_s=..., retry=RetryPolicy(...), retry_delay=fn(attempt, exc), permanent=(ExcType, ...),
         version=N, payload=PydanticModel, example={...}, store_result=True, result_ttl_s=..., durable_settle=True,
-        partition_key="order:{order_id}")``."""
+        partition_key="order:{order_id}", concurrency_key="account:{account_id}", concurrency_limit=N)``."""
         if fn is not None:
             return self._register(fn, **options)
         return lambda f: self._register(f, **options)
@@ -232,6 +232,8 @@ class App:
         example: dict[str, Any] | None = None,
         dependency: str | None = None,
         concurrency: int | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
         unique_for: float | None = None,
         unique_key: Any = None,
         partition_key: Any = None,
@@ -269,7 +271,8 @@ class App:
         task = Task(self, fn, options, tuple(permanent), retry_delay, version=version, payload=payload,
                     example=example, dependency=dependency, concurrency=concurrency, unique_for=unique_for,
                     unique_key=unique_key, store_result=store_result, result_ttl_s=result_ttl_s,
-                    durable_settle=durable_settle, partition_key=partition_key)
+                    durable_settle=durable_settle, partition_key=partition_key, concurrency_key=concurrency_key,
+                    concurrency_limit=concurrency_limit)
         self.registry.add(task)
         return task
 

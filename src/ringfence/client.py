@@ -25,7 +25,7 @@ from ringfence.redis.keys import INLINE_MAX_BYTES, logical_queue, partition_name
 from ringfence.redis.ready import ReadyEnqueue
 from ringfence.redis.replicas import arun_replicated, run_replicated
 from ringfence.settings import MAX_ATTEMPTS_LIMIT, WorkerSettings, check_name
-from ringfence.tasks import NO_OPTIONS, EnqueueOptions, Task
+from ringfence.tasks import NO_OPTIONS, EnqueueOptions, Task, concurrency_key
 
 #: An ``enqueue_many`` call sends at most this many jobs, and about this many bytes, per script call: Redis runs
 #: one script at a time, so other clients wait for one bounded call, not the whole batch, and this client packs
@@ -123,6 +123,8 @@ class Client:
         )
         if Tracing.fields is not None:
             spec.extra.update(Tracing.fields())
+        if task.concurrency_key is not None:  # read by the fetch script (redis/lua/_keyed.lua)
+            spec.extra.update(ck=concurrency_key(task, args), cl=task.concurrency_limit)
         job_id = check_name("job id", opts.job_id) if opts.job_id else new_job_id()
         ukey, until = self._unique(task, args, opts, max(now, at))
         queue = self.route(task, queue, args, opts, ukey)
@@ -176,6 +178,8 @@ class Client:
         if opts.job_id is not None:
             check_name("job id", opts.job_id)
         self._unique(task, args, opts, 0)
+        if task.concurrency_key is not None:
+            concurrency_key(task, args)
         spec = JobSpec(task=task.name, args=args, enqueued_ms=0.0, version=task.version,
                        max_attempts=opts.max_attempts, timeout_ms=None if opts.timeout_s is None else 0,
                        expires_ms=None if opts.expiry_s is None else 0)
@@ -349,7 +353,7 @@ class Client:
     def _ready_for(self, task: Task) -> ReadyEnqueue | None:
         """The packed-ahead call for ``task``'s plain enqueues (no options), when they all go inline: no unique
         key, no stored result (``_inline``), and a plain client (redis/ready.py)."""
-        if task.unique_for is not None or not self._inline(task, NO_OPTIONS):
+        if task.unique_for is not None or task.concurrency_key is not None or not self._inline(task, NO_OPTIONS):
             return None
         queue = self.check_options(task, NO_OPTIONS)
         if queue in self.app.partitions:  # each job picks its partition (route)

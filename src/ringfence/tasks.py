@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
+import string
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -81,7 +83,8 @@ class Task(Generic[P, R]):
                  concurrency: int | None = None, unique_for: float | None = None,
                  unique_key: str | Callable[[dict[str, Any]], str] | None = None, store_result: bool = False,
                  result_ttl_s: float | None = None, durable_settle: bool = False,
-                 partition_key: str | Callable[[dict[str, Any]], str] | None = None) -> None:
+                 partition_key: str | Callable[[dict[str, Any]], str] | None = None,
+                 concurrency_key: str | None = None, concurrency_limit: int | None = None) -> None:
         self.app = app
         self.fn = fn
         self.options = options
@@ -98,6 +101,9 @@ class Task(Generic[P, R]):
         self.store_result = store_result  # keep the handler's return value for app.result() (results.py)
         self.result_ttl_s = result_ttl_s  # how long it is kept (None: results.DEFAULT_TTL_S)
         self.durable_settle = durable_settle  # its ack, retry, dead-letter wait for a replica (worker/settle.py)
+        # at most concurrency_limit jobs per key built from the payload run at once (redis/lua/_keyed.lua)
+        self.concurrency_key, self.concurrency_limit = check_concurrency_key(
+            options.name, payload_fields(fn, payload), concurrency_key, concurrency_limit)
 
     @property
     def name(self) -> str:
@@ -256,6 +262,64 @@ def check_result_options(store_result: Any, result_ttl_s: Any) -> None:
     check_seconds("result_ttl_s", result_ttl_s, minimum=None)
     if result_ttl_s is not None and not store_result:
         raise ConfigError(f"result_ttl_s={result_ttl_s!r} without store_result=True: nothing would be kept")
+
+
+#: A job's concurrency key travels in its spec as a JSON string the fetch script reads without decoding.
+KEY_MAX_CHARS = 200
+
+
+def payload_fields(fn: Callable[..., Any], model: type[BaseModel] | None) -> set[str] | None:
+    """The field names a task's payload has (None: any, the handler takes ``**fields``)."""
+    if model is not None:
+        return set(model.model_fields)
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind is not p.VAR_POSITIONAL}
+
+
+def check_concurrency_key(task: str, known: set[str] | None, template: Any, limit: Any
+                          ) -> tuple[str | None, int | None]:
+    """A per-key limit declared on a task: a ``str.format`` template of payload fields and a limit >= 1, given
+    together; each field the template names must be one the task's payload has."""
+    if template is None and limit is None:
+        return None, None
+    if template is None or limit is None:
+        raise ConfigError(f"task {task!r}: concurrency_key and concurrency_limit go together (got concurrency_key="
+                          f"{template!r}, concurrency_limit={limit!r})")
+    if type(limit) is not int or limit < 1:
+        raise ConfigError(f"task {task!r}: concurrency_limit={limit!r} must be an int >= 1 (jobs per key at once)")
+    if not isinstance(template, str) or not template:
+        raise ConfigError(f"task {task!r}: concurrency_key={template!r} must be a non-empty template such as "
+                          "'account:{account_id}'")
+    try:
+        names = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        raise ConfigError(f"task {task!r}: concurrency_key {template!r} is not a valid template: {exc}") from exc
+    for name in names:
+        root = re.split(r"[.\[]", name, maxsplit=1)[0]
+        if not root or root.isdigit():
+            raise ConfigError(f"task {task!r}: concurrency_key {template!r} must name payload fields, as "
+                              f"{{account_id}}, not {{{name}}}")
+        if known is not None and root not in known:
+            raise ConfigError(f"task {task!r}: concurrency_key {template!r} names field {root!r}, which the payload "
+                              f"does not have (fields: {', '.join(sorted(known)) or 'none'})")
+    return template, limit
+
+
+def concurrency_key(task: Task, args: dict[str, Any]) -> str:
+    """The concurrency key of a job of ``task`` with payload ``args``; PayloadError names what is missing."""
+    template = task.concurrency_key
+    assert template is not None
+    try:
+        key = template.format(**args)
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError) as exc:
+        raise PayloadError(f"task {task.name!r}: concurrency_key {template!r} cannot be built from the payload "
+                           f"({type(exc).__name__}: {exc})") from exc
+    if len(key) > KEY_MAX_CHARS or any(c in key for c in '"\\') or not key.isprintable():
+        raise PayloadError(f"task {task.name!r}: concurrency key {key[:60]!r} must be printable, at most "
+                           f"{KEY_MAX_CHARS} characters, without quotes or backslashes")
+    return key
 
 
 NO_OPTIONS = EnqueueOptions()  # frozen: one instance for every plain enqueue (its checks cost ~5 µs a call)

@@ -332,7 +332,16 @@ class Broker(Reads, Admin):
         return Call("acquire_slot", [self.keys.slots(kind, name)], [self.clock(), limit, holder, until_ms], bool)
 
     async def release_slot(self, kind: str, name: str, holder: str) -> None:
+        if kind.startswith("key:"):  # a concurrency key's: its key may go back to the fetch ring
+            await self.arun(self.release_key_slots(kind[4:], [(name, holder)]))
+            return
         await self.aio.zrem(self.keys.slots(kind, name), holder)
+
+    def release_key_slots(self, queue: str, held: Iterable[tuple[str, str]]) -> Call[int]:
+        """Free slots of concurrency keys, (key, holder) each; a key parked at its limit goes back to the ring."""
+        pfx, k = self.keys.keyed(queue), self.keys.queue(queue)
+        return Call("release_key_slots", [pfx + "parked", pfx + "ring", k.idle, pfx],
+                    [self.clock(), k.wake, *(x for pair in held for x in pair)], int)
 
     def extend_slots(self, kind: str, name: str, holders: Iterable[tuple[str, int]]) -> Call[int]:
         """(holder, new slot lease end ms) of slots held by this worker's running jobs."""
@@ -344,8 +353,8 @@ class Broker(Reads, Admin):
 
     def fetch(self, queue: str, count: int, deadline_ms: int, token: str) -> Call[list[tuple[str, bytes, int]]]:
         k = self.keys.queue(queue)
-        return Call("fetch", [k.pending, k.jobs, k.active, k.lease, k.attempts, k.paused, k.stats],
-                    [deadline_ms, count, token], _fetched)
+        return Call("fetch", [k.pending, k.jobs, k.active, k.lease, k.attempts, k.paused, k.stats, k.idle,
+                              k.idle_lease, self.keys.keyed(queue)], [deadline_ms, count, token], _fetched)
 
     def fetch_marking(self, queue: str, count: int, deadline_ms: int, token: str, worker: str,
                       idle_until_ms: int) -> Call[tuple[list[tuple[str, bytes, int]], bool]]:
@@ -354,7 +363,7 @@ class Broker(Reads, Admin):
         ``idle_until_ms``, else unmarked. No round trips of their own for marks on the path of a woken worker."""
         k = self.keys.queue(queue)
         return Call("fetch", [k.pending, k.jobs, k.active, k.lease, k.attempts, k.paused, k.stats, k.idle,
-                              k.idle_lease],
+                              k.idle_lease, self.keys.keyed(queue)],
                     [deadline_ms, count, token, worker, idle_until_ms, self.clock()], _fetched_marking)
 
     def extend(self, queue: str, leases: Iterable[tuple[str, str, int]]) -> Call[list[str]]:

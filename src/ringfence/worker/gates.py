@@ -1,19 +1,26 @@
-"""What a job passes before it runs: global concurrency limits (per task, per queue) and the circuit breaker of
-its dependency. A job that may not run yet waits without burning an attempt."""
+"""What a job passes before it runs: global concurrency limits (per task, per queue), the limit of its
+concurrency key, and the circuit breaker of its dependency. A job that may not run yet waits without burning an
+attempt."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ringfence.errors import PayloadError
 from ringfence.models import Fetched
 from ringfence.redis.broker import Broker
 from ringfence.redis.keys import logical_queue
 from ringfence.settings import BreakerPolicy, WorkerSettings
-from ringfence.tasks import Task
+from ringfence.tasks import Task, concurrency_key
+from ringfence.worker.outcomes import Outcome, Verdict
 
 SLOT_RETRY_S = 0.5
+log = logging.getLogger("ringfence.worker")
 
 
 @dataclass(frozen=True)
@@ -30,12 +37,15 @@ class Gates:
         self.queue_limits = queue_limits  # app.limit_queue(...)
         self.breakers = breakers          # app.breaker(...) and every task's dependency
         self.held: dict[str, list[tuple[str, str]]] = {}  # job id -> (kind, name) slots it holds
+        self._freed: defaultdict[str, list[tuple[str, str]]] = defaultdict(list)  # queue -> (key, holder) to free
+        self._flusher: asyncio.Task[None] | None = None
 
     def applies(self, job: Fetched, task: Task) -> bool:
         """Whether ``enter`` has anything to check for this job: a concurrency limit (task or queue) or a
         dependency. False: the caller may skip ``enter`` and ``release`` (no coroutine or clock read per job)."""
         return (task.concurrency is not None or task.dependency is not None
-                or logical_queue(job.queue) in self.queue_limits)
+                or logical_queue(job.queue) in self.queue_limits
+                or task.concurrency_key is not None or b',"ck":"' in job.raw)
 
     def limits(self, job: Fetched, task: Task) -> list[tuple[str, str, int]]:
         out = []
@@ -46,11 +56,17 @@ class Gates:
             out.append(("queue", queue, self.queue_limits[queue]))
         return out
 
-    async def enter(self, job: Fetched, task: Task) -> Wait | None:
-        """None when the job may run now (its slots are then held until ``leave``)."""
+    async def enter(self, job: Fetched, task: Task) -> Wait | Verdict | None:
+        """None when the job may run now (its slots are then held until ``leave``); a Verdict (dead-letter) when
+        its concurrency key cannot be built from its payload."""
         b = self.broker
         until = b.clock() + int(self.settings.lease_s * 1000)
         taken: list[tuple[str, str]] = []
+        keyed = await self._key_slot(job, task, until)
+        if isinstance(keyed, Wait | Verdict):
+            return keyed
+        if keyed is not None:
+            taken.append(keyed)
         for kind, name, limit in self.limits(job, task):
             if not await b.arun(b.acquire_slot(kind, name, limit, job.id, until)):
                 for k, n in taken:
@@ -69,9 +85,46 @@ class Gates:
             self.held[job.id] = taken
         return None
 
+    async def _key_slot(self, job: Fetched, task: Task, until: int) -> tuple[str, str] | Wait | Verdict | None:
+        """The slot of the job's concurrency key. fetch.lua took it for a job whose spec names its key (the only
+        script that leases such jobs); a job of a keyed task without one (enqueued before the task had its key)
+        has its key built here and its slot taken as a global limit's."""
+        kind = f"key:{job.queue}"
+        spec = job.spec
+        key = spec.extra.get("ck") if spec is not None else None
+        if isinstance(key, str):
+            return kind, key
+        if task.concurrency_key is None or task.concurrency_limit is None:
+            return None
+        try:
+            key = concurrency_key(task, spec.args if spec is not None else {})
+        except PayloadError as exc:
+            return Verdict(Outcome.DEAD, "bad_payload", str(exc))
+        if not await self.broker.arun(self.broker.acquire_slot(kind, key, task.concurrency_limit, job.id, until)):
+            return Wait(SLOT_RETRY_S * (0.5 + random.random()), "concurrency_delayed")
+        return kind, key
+
     async def release(self, job: Fetched) -> None:
         for kind, name in self.held.pop(job.id, []):
-            await self.broker.release_slot(kind, name, job.id)
+            if kind.startswith("key:"):  # many jobs end at once: their keys' slots go in one call per queue
+                self._freed[kind[4:]].append((name, job.id))
+                if self._flusher is None or self._flusher.done():
+                    self._flusher = asyncio.create_task(self._free_key_slots())
+            else:
+                await self.broker.release_slot(kind, name, job.id)
+
+    async def _free_key_slots(self) -> None:
+        """Release the concurrency-key slots of the jobs ended since the last call; a slot a failed call leaves
+        ends with its lease, as a crashed worker's does."""
+        while self._freed:
+            await asyncio.sleep(0)  # the jobs ending in this turn of the loop join the call
+            freed, self._freed = self._freed, defaultdict(list)
+            for queue, held in freed.items():
+                try:
+                    await self.broker.arun(self.broker.release_key_slots(queue, held))
+                except Exception as exc:  # any failure: the slots end with their lease
+                    log.warning("queue %s: %d concurrency-key slot(s) not released (%s: %s); they end with their "
+                                "lease", queue, len(held), type(exc).__name__, exc)
 
     async def record(self, job: Fetched, task: Task, dependency_ok: bool | None) -> None:
         """Tell the breaker how the dependency did (None: the outcome says nothing about it)."""

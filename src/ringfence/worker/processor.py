@@ -189,6 +189,8 @@ class Processor:
         gated = self.gates.applies(job, task)
         if gated:
             wait = await self.gates.enter(job, task)
+            if isinstance(wait, Verdict):  # its concurrency key cannot be built: dead-letter
+                return wait
             if wait is not None:
                 return Verdict(Outcome.REQUEUE, delay_s=wait.delay_s, counter=wait.counter)
         try:

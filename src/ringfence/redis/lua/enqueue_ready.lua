@@ -27,6 +27,7 @@ end
 local n = #ARGV - 2
 if n < 1 then return {} end
 --@include allowed
+--@include keyed
 -- Every command this call may run is allowed (ACL) before its first write: the leasing ones only when it leases.
 local refused = allowed('enqueue', {{'LPUSH', KEYS[1], 'job'}, {'HINCRBY', KEYS[3], 'enqueued', '1'},
   {'ZCOUNT', KEYS[2], '0', '0'}})
@@ -53,9 +54,12 @@ for _, worker in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], ARGV[2], '+inf')) d
   local at = string.find(entry, '{', 1, true)
   local id = at and string.sub(entry, 1, at - 1)
   local lease_ms = tonumber(redis.call('HGET', KEYS[8], worker))
-  -- an id alone (enqueue.lua's), a second copy of a job already held, or a worker that leases no pushed jobs
-  -- (an older release): left to a fetch after a plain wake-up
-  if not (lease_ms and at and redis.call('HEXISTS', KEYS[4], id) == 0) then break end
+  -- an id alone (enqueue.lua's), a second copy of a job already held, a worker that leases no pushed jobs
+  -- (an older release), or a job with a concurrency key (its slot is taken by fetch.lua): left to a fetch after
+  -- a plain wake-up
+  if not (lease_ms and at and redis.call('HEXISTS', KEYS[4], id) == 0) or entry_key(string.sub(entry, at)) then
+    break
+  end
   local attempt = tonumber(redis.call('HGET', KEYS[7], id) or '0') + 1
   local token = worker .. '.p' .. id .. '.' .. attempt
   local deadline = now + lease_ms

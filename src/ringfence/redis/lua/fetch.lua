@@ -16,8 +16,10 @@
 --         trips of its own: a worker left with free slots by a queue now empty (or paused) is marked idle in
 --         it until ARGV[5] (enqueue publishes a wake-up while a mark is live), else its mark is removed.
 -- ARGV[5] idle mark until ms (with ARGV[4])
--- ARGV[6] now ms (with ARGV[4]): marks of workers that died asleep end before it
+-- ARGV[6] now ms (with ARGV[4]): marks of workers that died asleep end before it, slots of keys end before it
 -- KEYS[9] idle_lease hash worker -> lease ms (with ARGV[4]): enqueue_ready.lua leases pushed jobs for that long
+-- KEYS[10] prefix of the queue's concurrency-key keys (lua/_keyed.lua): a job whose spec names a key goes to
+--          its key's list, and jobs are then leased from the keys in turn, within each key's limit
 -- A pending entry is an id, whose spec is in jobs, or '<id><spec>' (a spec starts with '{', an id never holds
 -- one): an inline job, whose spec moves into jobs here, so a leased job has the same keys whichever way it came.
 -- Returns: flat list id, spec, attempt, ... (empty when paused or nothing is ready); a queued id without a
@@ -46,35 +48,76 @@ local function done(out, leased, empty, paused)
   return out
 end
 
+--@include keyed
 if redis.call('EXISTS', KEYS[6]) == 1 then return done({}, 0, true, true) end
-local entries = redis.call('RPOP', KEYS[1], tonumber(ARGV[2]))
-if not entries then return done({}, 0, true) end
+local max, pfx = tonumber(ARGV[2]), KEYS[10]
 local out, duplicates = {}, 0
-for _, entry in ipairs(entries) do
-  local id, spec, first = entry, nil, true
+
+-- The spec of a pending entry (nil: a queued id without a record) and the id.
+local function entry_spec(entry)
   local at = string.find(entry, '{', 1, true)
-  if at then
-    id, spec = string.sub(entry, 1, at - 1), string.sub(entry, at)
-    first = redis.call('HSETNX', KEYS[2], id, spec) == 1
-    if not first then duplicates = duplicates + 1 end
-  else
-    spec = redis.call('HGET', KEYS[2], id)
+  if at then return string.sub(entry, 1, at - 1), string.sub(entry, at), true end
+  return entry, redis.call('HGET', KEYS[2], entry), false
+end
+
+-- Lease one pending entry (and its key's slot); returns 1 if a job was leased.
+local function lease(entry, slots)
+  local id, spec, inline = entry_spec(entry)
+  if inline and redis.call('HSETNX', KEYS[2], id, spec) == 0 then
+    duplicates = duplicates + 1  -- a second copy: dropped, counted below
+    return 0
   end
-  if not first then
-    -- a second copy: dropped, counted below
-  elseif spec then
-    local n = redis.call('HINCRBY', KEYS[5], id, 1)
-    redis.call('ZADD', KEYS[3], ARGV[1], id)
-    redis.call('HSET', KEYS[4], id, ARGV[3])
-    out[#out + 1] = id
-    out[#out + 1] = spec
-    out[#out + 1] = n
-  else
+  if not spec then
     redis.call('HINCRBY', KEYS[7], 'dangling', 1)
     out[#out + 1] = id
     out[#out + 1] = ''
     out[#out + 1] = 0
+    return 0
   end
+  local n = redis.call('HINCRBY', KEYS[5], id, 1)
+  redis.call('ZADD', KEYS[3], ARGV[1], id)
+  redis.call('HSET', KEYS[4], id, ARGV[3])
+  if slots then redis.call('ZADD', slots, ARGV[1], id) end
+  out[#out + 1] = id
+  out[#out + 1] = spec
+  out[#out + 1] = n
+  return 1
+end
+
+local keyed, seen = redis.call('EXISTS', pfx .. 'ring', pfx .. 'parked') > 0, {}
+-- Without keyed jobs waiting, entries are leased in queue order; a keyed one found goes to its key's list.
+-- With them, a bounded batch of pending is sorted into the keys' lists first (plain entries to key ''), so a
+-- backlog of one key is passed over in a few calls, not one job at a time.
+local function take(n)
+  local entries = redis.call('RPOP', KEYS[1], n) or {}
+  for _, entry in ipairs(entries) do
+    local _, spec = entry_spec(entry)
+    local key, limit = nil, nil
+    if spec then key, limit = entry_key(spec) end
+    if key or keyed then
+      sort(pfx, entry, key or '', limit, seen)
+      keyed = true
+    else
+      lease(entry, nil)
+    end
+  end
+  return #entries
+end
+local batch = math.max(max, 1000)
+if keyed then
+  take(batch)
+elseif take(max) == max and keyed and batch > max then  -- keyed jobs found: sort on as far as a keyed call would
+  take(batch - max)
+end
+local empty = redis.call('LLEN', KEYS[1]) == 0
+if keyed then
+  local now = tonumber(ARGV[6])
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  take_turns(pfx, max - #out / 3, now, lease)
+  empty = empty and redis.call('LLEN', pfx .. 'ring') == 0
 end
 if duplicates > 0 then redis.call('HINCRBY', KEYS[7], 'duplicates', duplicates) end
-return done(out, #out / 3, redis.call('LLEN', KEYS[1]) == 0)
+return done(out, #out / 3, empty)
