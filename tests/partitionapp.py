@@ -12,8 +12,7 @@ from ringfence import Permanent, RetryPolicy
 from support import worker_app
 
 ns = os.environ["RINGFENCE_NAMESPACE"]
-app = worker_app(retry=RetryPolicy(max_attempts=2, base_s=0.05, cap_s=0.1),
-                 lease_s=float(os.environ.get("TEST_LEASE_S", "2")))
+app = worker_app(retry=RetryPolicy(max_attempts=2, base_s=0.05, cap_s=0.1), fence=bool(os.environ.get("FENCE_URL")))
 app.queue("hot", partitions=int(os.environ.get("TEST_PARTITIONS", "4")))
 record = redis.Redis.from_url(os.environ.get("TEST_RECORD_URL") or os.environ["RINGFENCE_REDIS_URL"])
 
@@ -28,3 +27,12 @@ async def keyed(ctx, key: str, n: int, fail: bool = False) -> None:
 @app.task(name="spread", queue="hot")
 async def spread(ctx, n: int) -> None:
     record.rpush(f"{ns}:test:runs", f"- {n} {ctx.queue} {ctx.attempt} {ctx.id}")
+
+
+@app.task(name="fenced", queue="hot", max_attempts=20)
+def fenced(ctx, n: int) -> None:
+    """Its effect (a push to the record Redis) is fenced in the SQL store: once per job, however often it runs."""
+    record.rpush(f"{ns}:test:runs", f"- {n} {ctx.queue} {ctx.attempt} {ctx.id}")
+    with ctx.fence(f"{ns}:job:{n}", "effect") as step:
+        if not step.done:
+            record.rpush(f"{ns}:test:effects", n)
