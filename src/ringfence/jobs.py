@@ -64,7 +64,7 @@ def find_job(app: Live, job_id: str) -> JobView | None:
     """The job with this id in any queue and state (dead included), or None."""
     broker = app.broker
     for queue in broker.queues():
-        state = broker.job_state(queue, job_id)
+        state, inline = broker.job_lookup(queue, job_id)  # inline: the spec an inline pending job's scan found
         if state is None:
             continue
         if state == "dead":
@@ -77,7 +77,7 @@ def find_job(app: Live, job_id: str) -> JobView | None:
                        history=broker.history(queue, job_id))
         if state == "waiting":
             view.waits_for = waiting.waits_for(broker, queue, job_id)
-        raw = broker.job_spec(queue, job_id)
+        raw = inline if inline is not None else broker.job_spec(queue, job_id)
         if raw is None:
             continue  # left the queue meanwhile: look on
         _fill(view, raw)

@@ -61,14 +61,20 @@ class Admin:
         """Where job ``job_id`` is in ``queue``: a state of STATES, 'unknown' (a record in no set: being moved),
         or None when the queue has no such job. Pending is found by LPOS (one scan of the list in Redis), an
         inline pending job (no record in the jobs hash, keys.py) by a scan in slices (pending_entry)."""
+        return self.job_lookup(queue, job_id)[0]
+
+    def job_lookup(self, queue: str, job_id: str) -> tuple[str | None, bytes | None]:
+        """``job_state`` and, for an inline pending job, its spec as the scan found it (None otherwise: the spec
+        is in the jobs hash, ``job_spec``), so that a job page scans the pending list once."""
         k = self.keys.queue(queue)
         state = self._job_state(k, job_id)
         if state is not None:
-            return state
+            return state, None
         entry = self.pending_entry(queue, job_id)
-        if entry is not None and split_entry(entry)[1] is not None:
-            return "pending"
-        return self._job_state(k, job_id)  # an inline job fetched during the scan has its record now
+        spec = split_entry(entry)[1] if entry is not None else None
+        if spec is not None:
+            return "pending", spec
+        return self._job_state(k, job_id), None  # an inline job fetched during the scan has its record now
 
     def _job_state(self, k: QueueKeys, job_id: str) -> str | None:
         p = self.sync.pipeline(transaction=False)

@@ -9,9 +9,19 @@
 --           the next index (-1: the list ends within this slice)}
 local id, first, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local prefix, len = id .. '{', #id + 1
-local entries = redis.call('LRANGE', KEYS[1], first, first + n - 1)
-for _, entry in ipairs(entries) do
-  if entry == id or string.sub(entry, 1, len) == prefix then return {entry, first} end
+local head = string.byte(prefix, 1)
+local byte, sub = string.byte, string.sub
+-- The slice is read in small LRANGEs: one large reply turned into a Lua table costs several times more per
+-- entry (bench/dashboard_bench.py --lookup). An entry's first byte is compared before any substring is made.
+local CHUNK = 1000
+local at, stop = first, first + n
+while at < stop do
+  local want = math.min(CHUNK, stop - at)
+  local entries = redis.call('LRANGE', KEYS[1], at, at + want - 1)
+  for _, entry in ipairs(entries) do
+    if byte(entry, 1) == head and (entry == id or sub(entry, 1, len) == prefix) then return {entry, first} end
+  end
+  if #entries < want then return {'', -1} end
+  at = at + want
 end
-if #entries < n then return {'', -1} end
-return {'', first + n}
+return {'', stop}
