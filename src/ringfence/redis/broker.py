@@ -200,7 +200,7 @@ class Broker(Reads, Admin):
                 raw = (direct.call("EVALSHA", sha, len(call.keys), *call.keys, *call.args) if direct is not None
                        else self.sync.evalsha(sha, len(call.keys), *call.keys, *call.args))
             except NoScriptError:
-                self.sync.script_load(source)
+                self._load(source, call.keys)
                 raw = (direct.call("EVALSHA", sha, len(call.keys), *call.keys, *call.args) if direct is not None
                        else self.sync.evalsha(sha, len(call.keys), *call.keys, *call.args))
         except OutOfMemoryError as exc:
@@ -225,7 +225,7 @@ class Broker(Reads, Admin):
                 raw = (await direct.call("EVALSHA", sha, len(call.keys), *call.keys, *call.args) if direct is not None
                        else await self.aio.evalsha(sha, len(call.keys), *call.keys, *call.args))
             except NoScriptError:
-                await self.aio.script_load(source)
+                await self._aload(source, call.keys)
                 raw = (await direct.call("EVALSHA", sha, len(call.keys), *call.keys, *call.args) if direct is not None
                        else await self.aio.evalsha(sha, len(call.keys), *call.keys, *call.args))
         except OutOfMemoryError as exc:
@@ -237,6 +237,23 @@ class Broker(Reads, Admin):
             raise
         self.health.ok()
         return call.parse(raw)
+
+    def _load(self, source: str, keys: Sequence[str]) -> None:
+        """Load a script Redis answered NOSCRIPT for. On a Cluster only on the node that answered (the one owning
+        the call's keys): SCRIPT LOAD alone goes to every master, and one of them down would fail the call."""
+        if self.cluster and keys:
+            node = self.sync.get_node_from_key(keys[0])  # type: ignore[attr-defined]
+            self.sync.execute_command("SCRIPT LOAD", source, target_nodes=node)  # type: ignore[no-untyped-call]
+        else:
+            self.sync.script_load(source)
+
+    async def _aload(self, source: str, keys: Sequence[str]) -> None:
+        """:meth:`_load` on the asyncio client."""
+        if self.cluster and keys:
+            node = self.aio.get_node_from_key(keys[0])  # type: ignore[attr-defined]
+            await self.aio.execute_command("SCRIPT LOAD", source, target_nodes=node)  # type: ignore[no-untyped-call]
+        else:
+            await self.aio.script_load(source)
 
     async def aclose(self) -> None:
         if self._adirect is not None:
