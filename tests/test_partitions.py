@@ -164,3 +164,49 @@ def test_dead_letter_replay_and_info_name_the_queue(
     again = [r for r in _runs(rdb, namespace)[32:] if r[0] != "-"]
     first = {r[4]: r[2] for r in _runs(rdb, namespace)[:32] if r[0] != "-"}
     assert {r[4]: r[2] for r in again} == first  # each ran again, in the partition it died in
+
+
+def test_depends_on_holds_within_a_partition_and_names_another(hot: App) -> None:
+    """A job waits for jobs of its own partition: the same partition key puts it there; another key is refused,
+    the partition of the dependency named."""
+    keyed = hot.resolve("keyed")
+    first = keyed.enqueue(key="a", n=1)
+    after = keyed.with_options(depends_on=[first]).enqueue(key="a", n=2)
+    assert hot.broker.job_state(partition_name("hot", _index(hot, "a"), PARTS), after) is not None
+    other = next(k for k in (f"b{i}" for i in range(100)) if _index(hot, k) != _index(hot, "a"))
+    with pytest.raises(ConfigError, match=rf"job {first} is in queue 'hot~{_index(hot, 'a')}of{PARTS}'"):
+        keyed.with_options(depends_on=[first]).enqueue(key=other, n=3)
+
+
+def _index(app: App, key: str) -> int:
+    return int(app.client.partition("hot", f"k:{key}").split("~")[1].split("of")[0])
+
+
+def test_a_queue_limit_counts_every_partition(hot: App) -> None:
+    """``limit_queue("hot", n)`` is one limit over the partitions: a job of any partition takes a slot of "hot"."""
+    from ringfence.models import Fetched
+    from ringfence.worker.gates import Gates
+
+    hot.limit_queue("hot", 3)
+    gates = Gates(hot.broker, hot.worker_settings, hot.queue_limits, hot.breakers)
+    task = hot.resolve("spread")
+    for i in range(PARTS):
+        job = Fetched(f"j{i}", partition_name("hot", i, PARTS), b"{}", 1, "t", 0)
+        assert gates.limits(job, task) == [("queue", "hot", 3)]
+
+
+def test_a_workflow_runs_in_one_partition(hot: App, workers: Callable[..., subprocess.Popen[bytes]],
+                                          rdb: redis.Redis, namespace: str) -> None:
+    import ringfence
+
+    spread = hot.resolve("spread")
+    ids = [ringfence.chain(spread.s(n=1), spread.s(n=2), spread.s(n=3)).enqueue(business_id=f"order-{k}")
+           for k in range(6)]
+    workers("--concurrency", "4")
+    wait_until(lambda: all((v := hot.workflow(w)) is not None and v.state == "done" for w in ids))
+    views = [hot.workflow(w) for w in ids]
+    assert all(v is not None and "~" in v.queue for v in views)
+    assert len({v.queue for v in views if v is not None}) > 1  # business ids spread the workflows
+    by_job = {r[4]: r[2] for r in _runs(rdb, namespace)}
+    for v in views:
+        assert v is not None and {by_job[s.job_id] for s in v.steps if s.job_id} == {v.queue}
