@@ -210,3 +210,27 @@ def test_a_workflow_runs_in_one_partition(hot: App, workers: Callable[..., subpr
     by_job = {r[4]: r[2] for r in _runs(rdb, namespace)}
     for v in views:
         assert v is not None and {by_job[s.job_id] for s in v.steps if s.job_id} == {v.queue}
+
+
+def test_the_dashboard_shows_a_partitioned_queue_and_each_partition(hot: App) -> None:
+    pytest.importorskip("starlette")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+    from ringfence.dashboard import create_app
+
+    ids = hot.enqueue_many("spread", [{"n": n} for n in range(8)])
+    client = TestClient(create_app(hot, token="s3cret-token"))
+    overview = client.get("/")
+    assert overview.status_code == 200
+    total = overview.text.split('data-queue="hot" data-partitions="4"')[1].split("</tr>")[0]
+    assert "hot (4 partitions)" in total and total.count('<td class="num">8</td>') == 1  # 8 pending in all
+    for i in range(PARTS):
+        name = partition_name("hot", i, PARTS)
+        assert f'data-queue="{name}"' in overview.text
+        page = client.get(f"/queues/{name}/pending")
+        assert page.status_code == 200 and page.text.count('<tr data-job="') == 2
+    job = client.get(f"/jobs?id={ids[0]}")
+    assert job.status_code == 200 and "pending" in job.text

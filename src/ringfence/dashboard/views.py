@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ringfence.dashboard.charts import buckets, line_chart, minute_labels
 from ringfence.dashboard.tasks import history, task_rows
 from ringfence.inspect import queue_gauges
+from ringfence.redis.keys import logical_queue
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -36,8 +37,33 @@ def overview(app: App) -> dict[str, Any]:
             "latency_s": round(g["latency_s"], 1),
         })
     charts = minute_charts(total, minute, "worst queue")
-    return {"queues": rows, "charts": charts, "environment": broker.environment(),
+    return {"queues": with_partitioned_totals(rows), "charts": charts, "environment": broker.environment(),
             "tasks": task_rows(broker.servers()), "in_doubt": in_doubt_count(app)}
+
+
+_SUMMED = ("pending", "active", "scheduled", "retry", "dead", "processed_min", "failed_min", "processed", "failed")
+
+
+def with_partitioned_totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows, each partitioned queue's partitions after one row of their sums under the queue's name
+    (``partitions``: how many; the worst latency; paused when any partition is)."""
+    out: list[dict[str, Any]] = []
+    totals: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        queue = logical_queue(row["queue"])
+        if queue != row["queue"]:
+            total = totals.get(queue)
+            if total is None:
+                total = totals[queue] = {**row, "queue": queue, "partitions": 0}
+                out.append(total)
+            else:
+                for k in _SUMMED:
+                    total[k] += row[k]
+                total["latency_s"] = max(total["latency_s"], row["latency_s"])
+                total["paused"] = total["paused"] or row["paused"]
+            total["partitions"] += 1
+        out.append(row)
+    return out
 
 
 IN_DOUBT_SHOWN = 200  # the overview counts in-doubt steps up to this many ("200 or more")
