@@ -67,15 +67,24 @@ def elsewhere(ctx: JobContext) -> None:
 
 @app.task(queue="wf")
 def charge(ctx: JobContext, amount: int, previous: Any = None) -> str:
-    """A fenced charge whose subject and step default to the workflow's business id and the step's name."""
+    """A fenced charge whose subject and step default to the workflow's business id and the step's name. A worker
+    killed while another job's charge is in flight leaves that charge in doubt; the reconcile hook settles it."""
     mark(ctx)
-    with ctx.fence(params={"amount": amount}) as step:
+    with ctx.fence(params={"amount": amount}, reconcile=find_charge) as step:
         if step.done:
             return str(step.result["charge_id"])
         ref = step.effect(lambda: provider().charge(amount, step.key, order=ctx.id))
         with step.complete(app.fence_store.engine, result={"charge_id": ref}):
             pass
     return str(ref)
+
+
+def find_charge(key: str, request: Any) -> Any:
+    """The reconcile hook: the charge made with ``key`` at the provider, else NOT_HAPPENED (safe to charge)."""
+    from ringfence.fence import NOT_HAPPENED
+
+    found = provider().lookup(key)
+    return found if found is not None else NOT_HAPPENED
 
 
 @app.task(queue="wf")
