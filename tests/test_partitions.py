@@ -234,3 +234,19 @@ def test_the_dashboard_shows_a_partitioned_queue_and_each_partition(hot: App) ->
         assert page.status_code == 200 and page.text.count('<tr data-job="') == 2
     job = client.get(f"/jobs?id={ids[0]}")
     assert job.status_code == 200 and "pending" in job.text
+
+
+def test_a_concurrency_key_routes_to_one_partition(hot: App) -> None:
+    """A per-key limit is kept in its partition's slot: without a partition key, a job goes where its
+    concurrency key hashes, so the limit holds for the whole queue."""
+    def per_account(ctx: object, account: str, n: int) -> None:
+        pass
+
+    task = hot.task(name="per_account", queue="hot", concurrency_key="acct:{account}", concurrency_limit=1)(
+        per_account)
+    for account in ("a", "b", "c", "d", "e", "f"):
+        before = _pending(hot)
+        hot.enqueue_many(task, [{"account": account, "n": n} for n in range(5)])
+        grew = {p: c - before[p] for p, c in _pending(hot).items() if c != before[p]}
+        assert list(grew.values()) == [5], (account, grew)
+        assert list(grew) == [hot.client.partition("hot", f"acct:{account}")]

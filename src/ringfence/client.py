@@ -152,13 +152,16 @@ class Client:
 
     def route(self, task: Task, queue: str, args: dict[str, Any], opts: EnqueueOptions, key: str = "") -> str:
         """The partition a job of a partitioned queue goes to (app.queue(name, partitions=N)): the one its
-        ``partition_key`` hashes to, else the one ``key`` (its unique or debounce key) hashes to, so that key is
-        held in one place; else the next in turn. A plain queue is itself."""
+        ``partition_key`` hashes to; else its concurrency key's, whose limit is kept in its partition's slot
+        (lua/_keyed.lua); else the one ``key`` (its unique or debounce key) hashes to, so that key is held in one
+        place; else the next in turn. A plain queue is itself."""
         if queue not in self.app.partitions:
             return queue
         how = opts.partition_key if opts.partition_key is not None else task.partition_key
         if how is not None:
             key = _key(task, args, "partition_key", how)
+        elif task.concurrency_key is not None:
+            key = concurrency_key(task, args)
         return self.partition(queue, key)
 
     def partition(self, queue: str, key: str = "") -> str:
@@ -339,7 +342,8 @@ class Client:
         plain = replace(opts, delay_s=opts.debounce_s, debounce_s=None, debounce_key=None, max_wait_s=None,
                         replace="both")
         queue, job_id, spec, at, *_ = self.prepare(task, payload, plain)
-        if opts.partition_key is None and task.partition_key is None:  # one key, one partition: one job to replace
+        if opts.partition_key is None and task.partition_key is None and task.concurrency_key is None:
+            # one debounce key, one partition: one job to replace
             queue = self.partition(self.check_options(task, plain), key)
         broker = self.app.broker
         if queue not in self._known_queues:
