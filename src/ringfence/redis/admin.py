@@ -18,6 +18,10 @@ T = TypeVar("T")
 
 #: The states a job of a queue can be browsed in, and the key (list or zset) that holds each.
 STATES = ("pending", "active", "scheduled", "retry", "dead")
+#: Oldest pending entries a lookup by id reads before its newest-first scan (one LRANGE in pending_entry.lua): the
+#: pending page lists jobs oldest first and latency is the oldest job's age, so those are the jobs looked up most,
+#: and the scan would reach them last.
+OLDEST_FIRST = 1000
 
 
 class Admin:
@@ -38,7 +42,7 @@ class Admin:
         the jobs hash or it is not pending: a scan of pending only for a job with no record in the hash."""
         if self.sync.hexists(self.keys.queue(queue).jobs, job_id):
             return b""
-        found = self.pending_entry(queue, job_id)
+        found = self._pending_entry(queue, job_id)
         return found if found is not None and split_entry(found)[1] is not None else b""
 
     def cancel(self, queue: str, job_id: str, dead_fields: dict[str, Any] | None = None, inline_entry: bytes = b""
@@ -60,7 +64,8 @@ class Admin:
     def job_state(self, queue: str, job_id: str) -> str | None:
         """Where job ``job_id`` is in ``queue``: a state of STATES, 'unknown' (a record in no set: being moved),
         or None when the queue has no such job. Pending is found by LPOS (one scan of the list in Redis), an
-        inline pending job (no record in the jobs hash, keys.py) by a scan in slices (pending_entry)."""
+        inline pending job (no record in the jobs hash, keys.py) in the oldest entries, then by a scan in slices
+        (pending_entry)."""
         return self.job_lookup(queue, job_id)[0]
 
     def job_lookup(self, queue: str, job_id: str) -> tuple[str | None, bytes | None]:
@@ -70,11 +75,20 @@ class Admin:
         state = self._job_state(k, job_id)
         if state is not None:
             return state, None
-        entry = self.pending_entry(queue, job_id)
+        entry = self._pending_entry(queue, job_id)
         spec = split_entry(entry)[1] if entry is not None else None
         if spec is not None:
             return "pending", spec
         return self._job_state(k, job_id), None  # an inline job fetched during the scan has its record now
+
+    def _pending_entry(self, queue: str, job_id: str) -> bytes | None:
+        """``pending_entry`` with the oldest ``OLDEST_FIRST`` entries read first (a list no longer than that is
+        read whole by that one call)."""
+        entry, after = self.run(Call("pending_entry", [self.keys.queue(queue).pending],
+                                     [job_id, -OLDEST_FIRST, OLDEST_FIRST], lambda raw: (bytes(raw[0]), int(raw[1]))))
+        if entry:
+            return entry
+        return None if after < 0 else self.pending_entry(queue, job_id)
 
     def _job_state(self, k: QueueKeys, job_id: str) -> str | None:
         p = self.sync.pipeline(transaction=False)

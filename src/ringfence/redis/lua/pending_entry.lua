@@ -4,10 +4,12 @@
 -- in front) or leave it (RPOP); only a removal in the middle (cancel's LREM) moves them back, so the caller
 -- overlaps its slices.
 -- KEYS[1] pending list
--- ARGV[1] id  ARGV[2] first index  ARGV[3] entries per slice
+-- ARGV[1] id  ARGV[2] first index (negative: from the end, as LRANGE counts; the oldest entries)
+-- ARGV[3] entries per slice
 -- Returns: {the entry ('<id><spec>' when inline, the id when its spec is in jobs; '' if not in the slice),
---           the next index (-1: the list ends within this slice)}
+--           the next index (-1: the list ends before the slice does)}
 local id, first, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+if first < 0 then first = math.max(0, redis.call('LLEN', KEYS[1]) + first) end
 local prefix, len = id .. '{', #id + 1
 local head = string.byte(prefix, 1)
 local byte, sub = string.byte, string.sub
