@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -250,3 +251,45 @@ def test_a_concurrency_key_routes_to_one_partition(hot: App) -> None:
         grew = {p: c - before[p] for p, c in _pending(hot).items() if c != before[p]}
         assert list(grew.values()) == [5], (account, grew)
         assert list(grew) == [hot.client.partition("hot", f"acct:{account}")]
+
+
+async def test_a_weight_is_the_queues_as_a_whole(make_app: Callable[..., App]) -> None:
+    """``--queues hot=1,low=1`` with hot in 4 partitions: hot is served about half the time (a weight per
+    partition would make it 4 in 5)."""
+    from test_worker import run_until
+
+    app = make_app()
+    app.queue("hot", partitions=PARTS)
+    seen: list[str] = []
+
+    @app.task(name="t")
+    async def t(ctx: Any) -> None:
+        seen.append(ctx.queue.split("~")[0])
+
+    for q in ("hot", "low"):
+        app.enqueue_many(t, [{}] * 800, queue=q)
+    await run_until(app, lambda: len(seen) >= 400, timeout=60, queues=[("hot", 1), ("low", 1)], concurrency=1)
+    hot = Counter(seen[:400])["hot"]
+    assert abs(hot - 200) <= 40, f"hot served {hot} of 400"  # four standard deviations of a fair coin
+
+
+async def test_a_periodic_task_ticks_into_one_partition(make_app: Callable[..., App], rdb: redis.Redis) -> None:
+    from ringfence.redis.broker import Broker
+    from ringfence.scheduler import Scheduler
+    from support import SimClock
+
+    app = make_app()
+    app.queue("hot", partitions=PARTS)
+
+    @app.periodic("* * * * *", name="every_minute", queue="hot")
+    async def every_minute(ctx: Any) -> None: ...
+
+    clock = SimClock(1_800_000_000_000 // 60_000 * 60_000 + 5_000)
+    schedulers = [Scheduler(app.periodics, Broker(app.redis_url, app.namespace, clock=clock)) for _ in range(2)]
+    for _ in range(10):
+        for s in schedulers:
+            await s.tick()
+        clock.ms += 60_000
+    held = {p: n for p, n in _pending(app).items() if n}
+    assert list(held.values()) == [10], held  # one per minute, each once for both schedulers
+    assert rdb.llen(app.broker.keys.queue("hot").pending) == 0

@@ -81,7 +81,8 @@ class Scheduler:
 
     async def run_one(self, p: Periodic) -> int:
         b = self.broker
-        queue = p.task.options.queue
+        # a partitioned queue: its ticks and their record in one partition, the same for every scheduler
+        queue = p.task.app.client.partition(p.task.options.queue, f"cron:{p.name}")
         now = b.clock()
         last = await b.acron_last(queue, p.name)
         if last is None:
