@@ -20,6 +20,7 @@ from ringfence.doctor import fences, outbox, queues, topology, workers, workflow
 from ringfence.doctor.context import Context, Snapshot, Thresholds
 from ringfence.doctor.model import CHECKS, Finding, Report, Status
 from ringfence.inspect import queue_gauges
+from ringfence.redis.topology import prepare_reads, silent_masters
 
 if TYPE_CHECKING:
     from ringfence.app import App
@@ -38,10 +39,14 @@ def diagnose(app: App, thresholds: Thresholds | None = None, *, step: str | None
              effects: Iterable[Effect] | None = None) -> Report:
     """Sample the namespace twice, ``thresholds.sample_s`` apart, and run every check."""
     t = thresholds or Thresholds()
-    before = Snapshot.take(app.broker)
+    broker = app.broker
+    # On a Cluster, as `info`: a short PING to each master first; a silent one's queues are named, not waited for.
+    silent = silent_masters(broker) if broker.cluster else {}
+    prepare_reads(broker, (), silent)
+    before = Snapshot.take(broker, silent)
     time.sleep(t.sample_s)
-    after = Snapshot.take(app.broker)
-    ctx = Context(app, before, after, t, step=step, effects=effects)
+    after = Snapshot.take(broker, silent)
+    ctx = Context(app, before, after, t, step=step, effects=effects, silent=silent)
     return Report(app.namespace, run_checks(ctx))
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ringfence.inspect import queue_gauges
 from ringfence.redis.broker import Broker
 from ringfence.redis.connection import UNAVAILABLE
+from ringfence.redis.topology import node_of
 
 if TYPE_CHECKING:
     from ringfence.app import App
@@ -48,19 +49,31 @@ class Snapshot:
     unreachable: dict[str, str] = field(default_factory=dict)  # queue (or "namespace") -> the error
 
     @classmethod
-    def take(cls, broker: Broker) -> Snapshot:
+    def take(cls, broker: Broker, silent: dict[str, str] | None = None) -> Snapshot:
         """Every queue that can be read; one whose Redis node does not answer (a Cluster) is named in
-        ``unreachable`` instead, and the others are still read."""
+        ``unreachable`` instead, and the others are still read. ``silent``: the masters that did not answer a short
+        PING (``silent_masters``): their queues are named at once, never waited for."""
+        silent = silent or {}
         unreachable: dict[str, str] = {}
-        try:
-            names, servers, environment = broker.queues(), broker.servers(), broker.environment()
-        except UNAVAILABLE as exc:
-            if not broker.cluster:
-                raise
-            names, servers, environment = [], [], None
-            unreachable["namespace"] = _said(exc)
+        home = node_of(broker, broker.keys.queues) if silent else None
+        names: list[str] = []
+        servers: list[dict[str, Any]] = []
+        environment: str | None = None
+        if home in silent:
+            unreachable["namespace"] = f"node {home} does not answer ({silent[home]})"
+        else:
+            try:
+                names, servers, environment = broker.queues(), broker.servers(), broker.environment()
+            except UNAVAILABLE as exc:
+                if not broker.cluster:
+                    raise
+                unreachable["namespace"] = _said(exc)
         queues: dict[str, dict[str, Any]] = {}
         for q in names:
+            node = node_of(broker, broker.keys.queue(q).pending) if silent else None
+            if node in silent:
+                unreachable[q] = f"node {node} does not answer ({silent[node]})"
+                continue
             try:
                 queues[q] = queue_gauges(broker, q)
             except UNAVAILABLE as exc:
@@ -93,10 +106,19 @@ class Context:
     step: str | None = None
     effects: Iterable[Effect] | None = None
     notes: list[str] = field(default_factory=list)
+    silent: dict[str, str] = field(default_factory=dict)  # Cluster masters that did not answer a short PING
 
     @property
     def broker(self) -> Broker:
         return self.app.broker
+
+    def primaries(self) -> Any:
+        """The Cluster masters to ask for their INFO or CONFIG: those that answered (all of them, as redis-py's
+        ``"primaries"``, when none is silent)."""
+        if not self.silent:
+            return "primaries"
+        return [n for n in self.broker.sync.get_nodes()  # type: ignore[attr-defined]
+                if n.server_type == "primary" and n.name not in self.silent]
 
     @property
     def elapsed_s(self) -> float:

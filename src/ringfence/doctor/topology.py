@@ -21,7 +21,7 @@ def topology(ctx: Context) -> Iterator[Finding]:
                       remedy="restart the node or wait for its replica to take over; the other queues are served")
     if not ctx.broker.cluster:
         return
-    view = cluster_view(ctx.broker)
+    view = cluster_view(ctx.broker, ctx.silent)
     if view is None:
         yield Finding("topology", Status.FAILURE, symptom="no node of the Redis Cluster answered CLUSTER NODES",
                       hypothesis="the cluster is down or unreachable from here", remedy="check the nodes")

@@ -230,12 +230,12 @@ def timeouts(ctx: Context) -> Iterator[Finding]:
 
 @check("eviction", "Redis never evicts keys without a TTL")
 def eviction(ctx: Context) -> Iterator[Finding]:
-    policy = observe.config_value(ctx.broker, "maxmemory-policy")
+    policy = observe.config_value(ctx.broker, "maxmemory-policy", ctx.primaries())
     if policy is None:
         yield Finding("eviction", Status.SKIPPED, symptom="CONFIG GET is disabled on this Redis",
                       remedy="check the maxmemory-policy in your provider's console: it must not be allkeys-*")
     elif policy.startswith("allkeys-"):
-        maxmemory = observe.config_value(ctx.broker, "maxmemory")
+        maxmemory = observe.config_value(ctx.broker, "maxmemory", ctx.primaries())
         yield Finding(
             "eviction", Status.FAILURE, subject="redis",
             symptom=f"maxmemory-policy is {policy} (maxmemory {maxmemory}): Redis may evict job keys under pressure",
@@ -246,7 +246,7 @@ def eviction(ctx: Context) -> Iterator[Finding]:
 
 @check("memory", "Redis has room below maxmemory (or runs without a limit)")
 def memory(ctx: Context) -> Iterator[Finding]:
-    used, limit, policy = observe.memory(ctx.broker)
+    used, limit, policy = observe.memory(ctx.broker, ctx.primaries())
     t = ctx.thresholds
     if not limit or used < limit * t.memory_warn_ratio:
         return
@@ -266,11 +266,11 @@ def memory(ctx: Context) -> Iterator[Finding]:
 
 @check("redis_version", "Redis runs scripts flagged allow-oom (Redis 7+), or has no maxmemory")
 def redis_version(ctx: Context) -> Iterator[Finding]:
-    versions = _versions(ctx.broker)
+    versions = _versions(ctx.broker, ctx.primaries())
     oldest = min(versions, key=_version_key, default=None)
     if oldest is None or _version_key(oldest) >= (7,):
         return
-    used, limit, policy = observe.memory(ctx.broker)
+    used, limit, policy = observe.memory(ctx.broker, ctx.primaries())
     if not limit:
         return
     yield Finding(
@@ -283,10 +283,10 @@ def redis_version(ctx: Context) -> Iterator[Finding]:
         numbers={"redis_version": oldest, "maxmemory": limit, "used_memory": used, "policy": policy})
 
 
-def _versions(broker: Any) -> list[str]:
-    """``redis_version`` of every primary (``INFO server``)."""
+def _versions(broker: Any, nodes: Any = "primaries") -> list[str]:
+    """``redis_version`` of every primary (``INFO server``), or of ``nodes`` on a Cluster."""
     if broker.cluster:
-        found: Any = broker.sync.info("server", target_nodes="primaries")
+        found: Any = broker.sync.info("server", target_nodes=nodes)
         infos = list(found.values())
     else:
         infos = [broker.sync.info("server")]

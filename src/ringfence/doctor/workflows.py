@@ -34,10 +34,12 @@ def _unfinished(ctx: Context) -> list[str]:
     b = ctx.app.broker
     out: list[str] = []
     read = 0
-    for queue in b.queues():
+    for queue in ctx.after.queues:  # those that could be read (a Cluster node down: its queues are named)
         prefix = b.keys.workflow(queue, "")
+        # On a Cluster only the queue's own node holds its workflows (its hash tag): the others are not asked.
+        where = {"target_nodes": b.sync.get_node_from_key(prefix)} if b.cluster else {}  # type: ignore[attr-defined]
         for key in b.sync.scan_iter(match=prefix.replace("[", "\\[").replace("?", "\\?").replace("*", "\\*") + "*",
-                                    count=1000):
+                                    count=1000, **where):
             read += 1
             if read > SCAN_LIMIT:
                 return out

@@ -128,11 +128,12 @@ class Broker(Reads, Admin):
             self._aio = self.clients.aio()
         return self._aio
 
-    def memory_infos(self) -> list[dict[str, Any]]:
-        """``INFO memory`` of every primary (one on a single Redis): maxmemory is per node on a cluster."""
+    def memory_infos(self, nodes: Any = "primaries") -> list[dict[str, Any]]:
+        """``INFO memory`` of every primary (one on a single Redis): maxmemory is per node on a cluster. ``nodes``:
+        the cluster nodes to ask instead (the doctor leaves out a master that does not answer)."""
         if not self.cluster:
             return [self.sync.info("memory")]
-        found: Any = self.sync.info("memory", target_nodes="primaries")
+        found: Any = self.sync.info("memory", target_nodes=nodes)
         return list(found.values())
 
     def _node_memory(self, key: str) -> dict[str, Any]:

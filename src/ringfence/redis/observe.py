@@ -30,12 +30,13 @@ def _text(value: Any) -> str | None:
 
 
 # -- reads -----------------------------------------------------------------------------------------
-def config_value(broker: Broker, name: str) -> str | None:
+def config_value(broker: Broker, name: str, nodes: Any = "primaries") -> str | None:
     """A ``CONFIG GET`` value; None where CONFIG is disabled (many managed Redis services). On a cluster, asked
-    of every primary: an evicting policy (``allkeys-*``) on any one of them wins, else the first value."""
+    of every primary (or of ``nodes``): an evicting policy (``allkeys-*``) on any one of them wins, else the first
+    value."""
     try:
         if broker.cluster:
-            per_node: Any = broker.sync.config_get(name, target_nodes="primaries")
+            per_node: Any = broker.sync.config_get(name, target_nodes=nodes)
             answers = list(per_node.values())
         else:
             answers = [broker.sync.config_get(name)]
@@ -46,11 +47,11 @@ def config_value(broker: Broker, name: str) -> str | None:
     return (worst or values or [None])[0]
 
 
-def memory(broker: Broker) -> tuple[int, int, str]:
+def memory(broker: Broker, nodes: Any = "primaries") -> tuple[int, int, str]:
     """(used_memory, maxmemory (0: no limit), maxmemory_policy) from ``INFO memory`` (works where CONFIG is
-    disabled). On a cluster: of the primary nearest its limit (it refuses enqueues first)."""
+    disabled). On a cluster: of the primary nearest its limit (it refuses enqueues first), among ``nodes``."""
     rows = [(int(i["used_memory"]), int(i.get("maxmemory") or 0), str(i.get("maxmemory_policy", "?")))
-            for i in broker.memory_infos()]
+            for i in broker.memory_infos(nodes)]
     return max(rows, key=lambda r: (r[0] / r[1] if r[1] else 0.0, r[0]))
 
 

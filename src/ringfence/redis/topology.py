@@ -53,12 +53,16 @@ def _slots(ranges: Any) -> int:
     return total
 
 
-def cluster_view(broker: Broker) -> ClusterView | None:
-    """The view of the first known node that answers; None when none does (or not a Cluster)."""
+def cluster_view(broker: Broker, silent: dict[str, str] | None = None) -> ClusterView | None:
+    """The view of the first known node that answers; None when none does (or not a Cluster). ``silent``: nodes
+    that did not answer a short PING (``silent_masters``): neither asked nor pinged again."""
     if not broker.cluster:
         return None
+    silent = silent or {}
     known = broker.sync.get_nodes()  # type: ignore[attr-defined]
     for node in known:
+        if node.name in silent:
+            continue
         conn = node.redis_connection
         try:
             nodes = conn.execute_command("CLUSTER NODES")
@@ -67,7 +71,8 @@ def cluster_view(broker: Broker) -> ClusterView | None:
             continue
         clients = {n.name: n.redis_connection for n in known}
         found = [Node(address, str(n["node_id"]), "master" in n["flags"], str(n["master_id"]),
-                      "fail" in n["flags"], _answers(clients.get(address) or _client(conn, address)),
+                      "fail" in n["flags"],
+                      address not in silent and _answers(clients.get(address) or _client(conn, address)),
                       _slots(n.get("slots")))
                  for address, n in sorted(nodes.items())]
         return ClusterView(node.name, str(info.get("cluster_state")), int(info.get("cluster_slots_ok", 0)), found)
