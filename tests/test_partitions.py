@@ -293,3 +293,34 @@ async def test_a_periodic_task_ticks_into_one_partition(make_app: Callable[..., 
     held = {p: n for p, n in _pending(app).items() if n}
     assert list(held.values()) == [10], held  # one per minute, each once for both schedulers
     assert rdb.llen(app.broker.keys.queue("hot").pending) == 0
+
+
+def test_the_outbox_relay_sends_each_job_to_its_partition(make_app: Callable[..., App], tmp_path: Any,
+                                                           namespace: str) -> None:
+    """``enqueue_in`` picks the partition when it writes the row; the relay sends it there (a partition's
+    name passes the relay's check of a row's queue)."""
+    import sqlalchemy as sa
+
+    from outbox_helpers import forget, outbox_engine
+    from ringfence.outbox.relay import Relay
+
+    engine = outbox_engine("sqlite", tmp_path)
+    try:
+        app = make_app(fence_url=engine.url.render_as_string(hide_password=False))
+        app.queue("hot", partitions=PARTS)
+        keyed = app.task(name="keyed", queue="hot", partition_key="k:{key}")(_noop)
+        with engine.connect() as conn:
+            conn.begin()
+            ids = {keyed.enqueue_in(conn, key=f"k{n}", n=n): f"k{n}" for n in range(12)}
+            conn.commit()
+        relay = Relay(app, engine=engine, batch=5)
+        assert relay.run(once=True) == 12 and relay.counts.refused == 0
+        for job_id, key in ids.items():
+            assert app.broker.job_state(app.client.partition("hot", f"k:{key}"), job_id) is not None
+        assert len({app.client.partition("hot", f"k:{k}") for k in ids.values()}) > 1
+        with engine.connect() as c:
+            assert c.execute(sa.text("SELECT count(*) FROM ringfence_outbox WHERE namespace = :ns"),
+                             {"ns": namespace}).scalar() == 0
+    finally:
+        forget(engine, namespace)
+        engine.dispose()
