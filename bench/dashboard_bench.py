@@ -151,12 +151,14 @@ def main() -> int:
                                    env=env, stdout=subprocess.DEVNULL, cwd=str(Path(tmp)))
             try:
                 url = f"http://127.0.0.1:{port}"
-                for _ in range(100):
+                for _ in range(600):  # a loaded machine takes seconds to start it
                     try:
                         urllib.request.urlopen(url + "/servers")
                         break
                     except OSError:
                         time.sleep(0.1)
+                else:
+                    raise SystemExit("ringfence dashboard did not answer in 60 s")
                 paths = lookups(ids) if args.lookup else [
                     "/", "/queues/default/pending", f"/queues/default/pending?offset={JOBS - 50}",
                     "/queues/default/pending?task=bench.noop&min_age_s=1", "/queues/default/dead",
