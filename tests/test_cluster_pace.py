@@ -117,16 +117,22 @@ def test_an_idle_worker_starts_a_job_at_once(tmp_path: Path, redis_url: str,
         cluster.stop()
 
 
-# Healthy queues used to pause 3.5-5.8 s while another master failed over; a loaded CI machine adds up to ~1 s.
-LATE_S = 2.5
+# The longest start of a healthy queue's job. With cluster-require-full-coverage yes (Redis's default) every node
+# refuses every command (CLUSTERDOWN) from the moment the master is marked failed until its replica is promoted:
+# 0.7-1.4 s measured, the producer blocked too; with it off the healthy masters keep answering (0.6 s at most
+# measured on a loaded 2-core machine). Each bound leaves a loaded CI machine about half a second more.
+LATE_S = {True: 2.0, False: 1.2}
 
 
+@pytest.mark.parametrize("full_coverage", [True, False], ids=["full_coverage", "partial_coverage"])
 def test_healthy_masters_keep_their_pace_while_one_fails_over(tmp_path: Path, redis_url: str,
-                                                            started: list[subprocess.Popen[bytes]]) -> None:
+                                                            started: list[subprocess.Popen[bytes]],
+                                                            full_coverage: bool) -> None:
     """A master is SIGKILLed; until its replica takes over (node timeout 5 s), jobs enqueued every 0.1 s on the
     queues of the two other masters each start within LATE_S, once, as attempt 1; the dead master's queue is served
     again after the failover, and the healthy queues' jobs still start within LATE_S after it."""
-    cluster = Cluster(tmp_path, replicas=1, node_timeout_ms=5000)
+    late_s = LATE_S[full_coverage]
+    cluster = Cluster(tmp_path, replicas=1, node_timeout_ms=5000, full_coverage=full_coverage)
     try:
         ns = f"pace{uuid.uuid4().hex[:6]}"
         app = App(cluster.url, ns)
@@ -166,8 +172,8 @@ def test_healthy_masters_keep_their_pace_while_one_fails_over(tmp_path: Path, re
         runs = _starts(rdb, ns)
         healthy_runs = [r for r in runs if r[0] in acked]
         late = {job_id: round(at - acked[job_id], 2) for job_id, _, _, at in healthy_runs
-                if at - acked[job_id] > LATE_S}
-        assert late == {}, f"{len(late)} of {len(acked)} healthy jobs started more than {LATE_S} s late: {late}"
+                if at - acked[job_id] > late_s}
+        assert late == {}, f"{len(late)} of {len(acked)} healthy jobs started more than {late_s} s late: {late}"
         assert sorted(r[0] for r in healthy_runs) == sorted(acked), "each healthy job runs once"
         assert {r[2] for r in healthy_runs} == {1}
         assert dead_job in {r[0] for r in runs}
