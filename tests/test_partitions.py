@@ -324,3 +324,31 @@ def test_the_outbox_relay_sends_each_job_to_its_partition(make_app: Callable[...
     finally:
         forget(engine, namespace)
         engine.dispose()
+
+
+def test_pause_resume_and_purge_take_every_partition(hot: App, namespace: str, redis_url: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from ringfence.cli import main
+
+    monkeypatch.setenv("RINGFENCE_NAMESPACE", namespace)
+    monkeypatch.setenv("RINGFENCE_REDIS_URL", redis_url)
+    monkeypatch.setenv("TEST_PARTITIONS", str(PARTS))
+    monkeypatch.delitem(sys.modules, "partitionapp", raising=False)
+    hot.enqueue_many("spread", [{"n": n} for n in range(8)])
+
+    def cli(*args: str) -> str:
+        result = CliRunner().invoke(main, [*args, "--app", "partitionapp:app"])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    def paused() -> list[bool]:
+        return [bool(hot.broker.sync.exists(hot.broker.keys.queue(p).paused)) for p in _pending(hot)]
+
+    cli("queue", "pause", "hot")
+    assert paused() == [True] * PARTS
+    cli("queue", "resume", "hot")
+    assert paused() == [False] * PARTS
+    assert "purged 8 pending job(s) of hot" in cli("queue", "purge", "hot", "--yes")
+    assert not any(_pending(hot).values())

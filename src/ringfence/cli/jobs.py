@@ -9,7 +9,7 @@ import click
 from ringfence import jobs
 from ringfence.app import App
 from ringfence.cli.base import app_option, main
-from ringfence.cli.ops import _known_queue, print_json, queue
+from ringfence.cli.ops import print_json, queue, queues_named
 from ringfence.errors import ConfigError, DuplicateJob
 
 
@@ -78,9 +78,12 @@ def resend(app: App, source: Any) -> None:
 @click.option("--yes", is_flag=True, help="confirm: every pending job of NAME is deleted")
 def purge(app: App, name: str, yes: bool) -> None:
     """Delete every pending job of queue NAME (scheduled, retrying, running and dead jobs stay)."""
-    _known_queue(app, name)
+    named = queues_named(app, name)  # a partitioned queue: every partition
     if not yes:
         raise ConfigError(f"purge deletes every pending job of {name}: add --yes to confirm")
-    deleted, moved = jobs.purge_queue(app, name)
+    deleted = moved = 0
+    for q in named:
+        d, m = jobs.purge_queue(app, q)
+        deleted, moved = deleted + d, moved + m
     note = f"; {moved} owning a fence step past capture moved to dead-letter" if moved else ""
     click.echo(f"purged {deleted} pending job(s) of {name}{note}")

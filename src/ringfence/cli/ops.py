@@ -18,6 +18,7 @@ from ringfence.app import App
 from ringfence.cli.base import app_option, main
 from ringfence.errors import ConfigError
 from ringfence.redis.connection import UNAVAILABLE
+from ringfence.redis.keys import logical_queue, partition_name
 from ringfence.redis.topology import silent_masters
 from ringfence.settings import check_name
 
@@ -164,11 +165,20 @@ def queue() -> None:
 def _known_queue(app: App, name: str) -> str:
     """Refuse a malformed name or a queue this namespace has never used (a typo would pause nothing)."""
     check_name("queue", name)
-    known = set(app.broker.queues()) | set(app.registry.queues())
+    known = {logical_queue(q) for q in app.broker.queues()} | set(app.registry.queues())
     if name not in known:
         listed = ", ".join(sorted(known)) or "none"
         raise ConfigError(f"no queue {name!r} in namespace {app.namespace}; known: {listed}")
     return name
+
+
+def queues_named(app: App, name: str) -> list[str]:
+    """The queues NAME stands for: a partitioned queue's partitions (declared, or found in Redis), else NAME."""
+    _known_queue(app, name)
+    n = app.partitions.get(name)
+    parts = {partition_name(name, i, n) for i in range(n)} if n else set()
+    parts |= {q for q in app.broker.queues() if q != name and logical_queue(q) == name}
+    return sorted(parts) or [name]
 
 
 @queue.command()
@@ -176,7 +186,8 @@ def _known_queue(app: App, name: str) -> str:
 @click.argument("name")
 def pause(app: App, name: str) -> None:
     """Stop workers fetching from queue NAME (running jobs finish; queued jobs wait)."""
-    app.broker.set_paused(_known_queue(app, name), True)
+    for q in queues_named(app, name):
+        app.broker.set_paused(q, True)
     click.echo(f"paused {name}")
 
 
@@ -185,5 +196,6 @@ def pause(app: App, name: str) -> None:
 @click.argument("name")
 def resume(app: App, name: str) -> None:
     """Let workers fetch from queue NAME again."""
-    app.broker.set_paused(_known_queue(app, name), False)
+    for q in queues_named(app, name):
+        app.broker.set_paused(q, False)
     click.echo(f"resumed {name}")
