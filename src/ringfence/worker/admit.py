@@ -6,7 +6,7 @@ deploy) waits without burning an attempt; one that no retry can fix goes to dead
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, Protocol
 
 import orjson
@@ -33,6 +33,15 @@ def plain_spec(raw: bytes | str) -> JobSpec | None:
     return None
 
 
+def decode_spec(raw: bytes | str) -> JobSpec:
+    """``plain_spec``'s shortcut, else the full decode (whose ``BadRecord`` names what is wrong)."""
+    try:
+        plain = plain_spec(raw)
+    except orjson.JSONDecodeError:
+        plain = None
+    return plain or JobSpec.decode(raw)
+
+
 class Admitted(NamedTuple):
     """A job that may run: its task, its decoded spec and payload, and whether it is a settling run."""
 
@@ -41,6 +50,10 @@ class Admitted(NamedTuple):
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     settling: bool
+
+
+# What ``Admission.admit`` returns when its answer needs Redis or a wait: await ``asks()`` for it.
+Asks = Callable[[], Awaitable[Admitted | Verdict]]
 
 
 class Settles(Protocol):
@@ -56,50 +69,41 @@ class Admission:
         self.fencing, self.observers = fencing, observers
         self._warned: set[tuple[str, str]] = set()  # (counter, task) warned once per worker
 
-    def admit_now(self, job: Fetched) -> Admitted | Verdict | None:
-        """``admit`` without a coroutine for the common case: a known task, nothing refused, a payload this code
-        reads (or one no retry can fix). None: ``admit`` decides (it may have to ask Redis or wait)."""
-        if job.spec is not None:
-            return None  # decoded before: ``admit`` looks again
+    def admit(self, job: Fetched) -> Admitted | Verdict | Asks:
+        """Decide at once whether ``job`` may run, or is refused. Where the answer needs Redis or a wait (a task
+        unknown here, a refused job that may still get a settling run, a payload of a newer version), an
+        ``Asks``: the caller awaits ``asks()`` for it."""
         try:
-            spec = plain_spec(job.raw) or JobSpec.decode(job.raw)
-        except (BadRecord, orjson.JSONDecodeError):
-            return None
-        task = self.registry.get(spec.task)
-        if task is None or self.refuse(job, spec, task) is not None:
-            return None
-        job.spec = spec
-        try:
-            args, kwargs = task.codec.decode(spec.version, spec.args)
-        except PayloadTooNew:
-            return None
-        except PayloadError as exc:
-            return Verdict(Outcome.DEAD, "bad_payload", str(exc))
-        return Admitted(task, spec, args, kwargs, False)
-
-    async def admit(self, job: Fetched) -> Admitted | Verdict:
-        try:
-            spec = JobSpec.decode(job.raw)
+            spec = decode_spec(job.raw)
         except BadRecord as exc:  # written straight into Redis by something else: no retry can fix it
             return Verdict(Outcome.DEAD, "bad_record", f"job {job.id}: {exc}")
         job.spec = spec
         task = self.registry.get(spec.task)
         if task is None:
             known = ", ".join(sorted(self.registry.tasks)) or "none"
-            return await self._unreadable(job, spec, f"task {spec.task!r} is not registered in this worker "
-                                          f"(it knows: {known})", "unknown_task", dead_after_grace=True)
+            why = f"task {spec.task!r} is not registered in this worker (it knows: {known})"
+            return lambda: self._unreadable(job, spec, why, "unknown_task", dead_after_grace=True)
         refused = self.refuse(job, spec, task)
-        settling = refused is not None and await self.fencing.settles(
-            job, refused.reason, spec.max_attempts or task.options.retry.max_attempts)
-        if refused is not None and not settling:
-            return refused
+        if refused is not None:
+            return lambda: self._settling(job, spec, task, refused)
+        return self._decode(job, spec, task, False)
+
+    def _decode(self, job: Fetched, spec: JobSpec, task: Task, settling: bool) -> Admitted | Verdict | Asks:
         try:
             args, kwargs = task.codec.decode(spec.version, spec.args)
         except PayloadTooNew as exc:
-            return await self._unreadable(job, spec, str(exc), "newer_version", dead_after_grace=False)
+            why = str(exc)
+            return lambda: self._unreadable(job, spec, why, "newer_version", dead_after_grace=False)
         except PayloadError as exc:
             return Verdict(Outcome.DEAD, "bad_payload", str(exc))
         return Admitted(task, spec, args, kwargs, settling)
+
+    async def _settling(self, job: Fetched, spec: JobSpec, task: Task, refused: Verdict) -> Admitted | Verdict:
+        """A refused job runs once more only to settle its fence steps (worker/fencing.py decides)."""
+        if not await self.fencing.settles(job, refused.reason, spec.max_attempts or task.options.retry.max_attempts):
+            return refused
+        admitted = self._decode(job, spec, task, True)
+        return await admitted() if callable(admitted) else admitted
 
     def refuse(self, job: Fetched, spec: JobSpec, task: Task) -> Verdict | None:
         max_attempts = spec.max_attempts or task.options.retry.max_attempts

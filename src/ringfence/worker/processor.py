@@ -16,7 +16,7 @@ from ringfence.models import Fetched
 from ringfence.redis.connect import while_loading
 from ringfence.redis.connection import UNAVAILABLE
 from ringfence.tasks import Task
-from ringfence.worker.admit import Admission, Admitted
+from ringfence.worker.admit import Admission, Admitted, Asks
 from ringfence.worker.calls import SyncRun, SyncRunner
 from ringfence.worker.fetcher import Fetcher
 from ringfence.worker.gates import Gates
@@ -112,7 +112,7 @@ class Processor:
         r = Running(job)
         self.running[job.id] = r
         try:
-            a = self.admission.admit_now(job)
+            a = self.admission.admit(job)
             if type(a) is Admitted and self._start_sync(r, a):
                 return  # no Task: ``_returned`` records it once its thread returned
         except Exception:
@@ -148,7 +148,7 @@ class Processor:
             self._unrecorded(r)
         self._done(r)
 
-    async def _execute(self, r: Running, a: Admitted | Verdict | None, heard_by: Task | None = None) -> None:
+    async def _execute(self, r: Running, a: Admitted | Verdict | Asks, heard_by: Task | None = None) -> None:
         """Admit, run and settle one job; given a verdict (``_returned``'s), settle it, told first to the observers
         of ``heard_by``, its task."""
         try:
@@ -180,9 +180,10 @@ class Processor:
         if self._free() >= self._want:
             self._slot.set()
 
-    async def _verdict(self, r: Running, admitted: Admitted | Verdict | None) -> Verdict:
+    async def _verdict(self, r: Running, admitted: Admitted | Verdict | Asks) -> Verdict:
         job = r.job
-        admitted = admitted or await self.admission.admit(job)
+        if callable(admitted):
+            admitted = await admitted()
         if isinstance(admitted, Verdict):
             return admitted
         task = admitted.task
