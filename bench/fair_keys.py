@@ -10,7 +10,8 @@ One ``ringfence worker`` process (``--concurrency``, default 10) on a private re
 The worker starts and goes idle, is stopped (SIGSTOP), the jobs are enqueued (``enqueue_many``), and it is let go
 (SIGCONT): time 0. Each small key's job records when it started. Printed per drain: the drain rate (all jobs over
 the time from 0 to the last ack), and when the small keys' jobs started (the last one, and the slowest key's
-first); the keyed rate over the plain rate; medians over ``--rounds`` alternated pairs::
+first), and CPU per job of the worker and of Redis over the drain (a measure a loaded host disturbs less than
+the rate); the keyed rate over the plain rate; medians over ``--rounds`` alternated pairs::
 
     python -m bench.fair_keys --big 100000 --small 50 --per-key 10 --rounds 3
 """
@@ -57,6 +58,18 @@ declare(keyed_app, True, LIMIT)
 declare(plain_app, False, LIMIT)
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def redis_cpu_s(rdb: redis.Redis) -> float:
+    info = rdb.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def drain(kind: str, url: str, args: argparse.Namespace, log_dir: str) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "src"), ROOT]), "FAIR_KEYS_URL": url,
            "FAIR_KEYS_LIMIT": str(args.limit)}
@@ -81,6 +94,7 @@ def drain(kind: str, url: str, args: argparse.Namespace, log_dir: str) -> dict[s
         for start in range(0, len(payloads), 10_000):
             app.enqueue_many(task, payloads[start:start + 10_000])
         total = len(payloads)
+        cpu0, redis0 = cpu_s(proc.pid), redis_cpu_s(rdb)
         t0 = time.time()
         os.kill(proc.pid, signal.SIGCONT)
         while int(queue_info(app.broker, "fair")["processed"]) < total:
@@ -88,6 +102,7 @@ def drain(kind: str, url: str, args: argparse.Namespace, log_dir: str) -> dict[s
                 raise SystemExit(f"the drain did not finish (log {log_dir}/{kind}.log)")
             time.sleep(0.01)
         elapsed = time.time() - t0
+        cpu_us, redis_us = (cpu_s(proc.pid) - cpu0) / total * 1e6, (redis_cpu_s(rdb) - redis0) / total * 1e6
         first: dict[str, float] = {}
         last = 0.0
         for raw in rdb.lrange("fair:starts", 0, -1):
@@ -96,7 +111,7 @@ def drain(kind: str, url: str, args: argparse.Namespace, log_dir: str) -> dict[s
             last = max(last, float(at) - t0)
         assert len(first) == args.small, f"{len(first)} small keys ran, {args.small} expected"
         return {"jobs_s": total / elapsed, "elapsed_s": elapsed, "small_last_s": last,
-                "small_first_max_s": max(first.values())}
+                "small_first_max_s": max(first.values()), "cpu_us": cpu_us, "redis_us": redis_us}
     finally:
         proc.send_signal(signal.SIGCONT)
         proc.terminate()
@@ -124,7 +139,8 @@ def main() -> int:
                     results[kind].append(got)
                     print(f"round {n + 1} {kind:5}: {got['jobs_s']:,.0f} jobs/s ({got['elapsed_s']:.1f} s); small "
                           f"keys: last job started at {got['small_last_s']:.2f} s, slowest key's first at "
-                          f"{got['small_first_max_s']:.2f} s", flush=True)
+                          f"{got['small_first_max_s']:.2f} s; CPU per job: worker {got['cpu_us']:.0f} µs, Redis "
+                          f"{got['redis_us']:.0f} µs", flush=True)
         finally:
             server.stop()
     med = {kind: {f: statistics.median(r[f] for r in rs) for f in rs[0]} for kind, rs in results.items()}
@@ -132,8 +148,10 @@ def main() -> int:
           f"concurrency {args.concurrency}; medians of {args.rounds}:")
     for kind in ("plain", "keyed"):
         m = med[kind]
-        print(f"  {kind:5}: {m['jobs_s']:,.0f} jobs/s; every small key's job started by {m['small_last_s']:.2f} s")
-    print(f"  keyed/plain drain rate: {med['keyed']['jobs_s'] / med['plain']['jobs_s']:.3f}")
+        print(f"  {kind:5}: {m['jobs_s']:,.0f} jobs/s; every small key's job started by {m['small_last_s']:.2f} s; "
+              f"CPU per job: worker {m['cpu_us']:.0f} µs, Redis {m['redis_us']:.0f} µs")
+    print(f"  keyed/plain drain rate: {med['keyed']['jobs_s'] / med['plain']['jobs_s']:.3f}; worker CPU per job: "
+          f"{med['keyed']['cpu_us'] / med['plain']['cpu_us']:.3f}")
     return 0
 
 

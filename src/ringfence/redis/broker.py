@@ -31,6 +31,7 @@ from ringfence.redis.connection import (
 )
 from ringfence.redis.direct import AsyncDirectCalls, DirectCalls
 from ringfence.redis.keys import INLINE_MAX_BYTES, Keys
+from ringfence.redis.node_gate import NodeGate
 from ringfence.redis.reads import Reads
 from ringfence.redis.ready import ReadyEnqueue
 from ringfence.redis.scripts import PROBE, script
@@ -90,6 +91,7 @@ class Broker(Reads, Admin):
     def __init__(self, url: str, namespace: str = "ringfence", clock: Callable[[], int] | None = None,
                  connection: ConnectionSettings | None = None, clients: RedisClients | None = None) -> None:
         self.connection = connection or ConnectionSettings()
+        self._freed_key_slots: dict[str, list[tuple[str, str]]] = {}  # queue -> (key, holder): free_key_slot
         if clients is None:
             check_url(url)
             clients = url_clients(url, self.connection)
@@ -108,6 +110,7 @@ class Broker(Reads, Admin):
         self._direct_checked = False  # is the sync client a plain one (redis/direct.py)? asked once
         self._adirect: AsyncDirectCalls | None = None
         self._adirect_checked = False  # the same for the asyncio client
+        self.gate = NodeGate()  # a Cluster node that just failed a call is asked again once per DOWN_S
 
     def precise_ms(self) -> float:
         """Now in ms with µs precision (the injected clock as is, when one was given)."""
@@ -217,6 +220,7 @@ class Broker(Reads, Admin):
         return call.parse(raw)
 
     async def arun(self, call: Call[T]) -> T:
+        node = self.gate.check(self.aio, call.keys[0]) if self.cluster and call.keys else None
         try:
             if self._shebang is None:
                 self._shebang = await _acompiles(self.aio.eval(PROBE, 0))
@@ -234,8 +238,11 @@ class Broker(Reads, Admin):
         except NoPermissionError as exc:
             raise not_permitted(_shown(call.name), exc) from exc
         except UNAVAILABLE as exc:
+            if self.cluster and call.keys and isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+                self.gate.failed(self.aio, call.keys[0])
             await self._unavailable(exc)
             raise
+        self.gate.answered(node)
         self.health.ok()
         return call.parse(raw)
 
@@ -380,9 +387,22 @@ class Broker(Reads, Admin):
         whether the queue was left empty; then the worker, if it still had free slots, is marked idle until
         ``idle_until_ms``, else unmarked. No round trips of their own for marks on the path of a woken worker."""
         k = self.keys.queue(queue)
+        freed = self._freed_key_slots.pop(queue, ())
         return Call("fetch", [k.pending, k.jobs, k.active, k.lease, k.attempts, k.paused, k.stats, k.idle,
                               k.idle_lease, self.keys.keyed(queue)],
-                    [deadline_ms, count, token, worker, idle_until_ms, self.clock()], _fetched_marking)
+                    [deadline_ms, count, token, worker, idle_until_ms, self.clock(), *(x for p in freed for x in p)],
+                    _fetched_marking)
+
+    def free_key_slot(self, queue: str, key: str, holder: str) -> None:
+        """Free ``holder``'s slot of concurrency key ``key`` with the queue's next ``fetch_marking`` (its script
+        frees it first, so the fetch may take it at once), or ``flush_key_slots`` when no fetch comes first."""
+        self._freed_key_slots.setdefault(queue, []).append((key, holder))
+
+    async def flush_key_slots(self) -> None:
+        """Free the key slots no fetch has carried (``free_key_slot``)."""
+        while self._freed_key_slots:
+            queue, held = self._freed_key_slots.popitem()
+            await self.arun(self.release_key_slots(queue, held))
 
     def extend(self, queue: str, leases: Iterable[tuple[str, str, int]]) -> Call[list[str]]:
         """leases: (id, token, new deadline ms). Parses to the ids this worker lost."""

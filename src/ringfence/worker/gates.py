@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ from ringfence.tasks import Task, concurrency_key
 from ringfence.worker.outcomes import Outcome, Verdict
 
 SLOT_RETRY_S = 0.5
+KEY_SLOT_WAIT_S = 0.05  # a freed concurrency-key slot waits this long for a fetch of its queue to carry it
 log = logging.getLogger("ringfence.worker")
 
 
@@ -37,7 +37,6 @@ class Gates:
         self.queue_limits = queue_limits  # app.limit_queue(...)
         self.breakers = breakers          # app.breaker(...) and every task's dependency
         self.held: dict[str, list[tuple[str, str]]] = {}  # job id -> (kind, name) slots it holds
-        self._freed: defaultdict[str, list[tuple[str, str]]] = defaultdict(list)  # queue -> (key, holder) to free
         self._flusher: asyncio.Task[None] | None = None
 
     def applies(self, job: Fetched, task: Task) -> bool:
@@ -59,6 +58,12 @@ class Gates:
     async def enter(self, job: Fetched, task: Task) -> Wait | Verdict | None:
         """None when the job may run now (its slots are then held until ``leave``); a Verdict (dead-letter) when
         its concurrency key cannot be built from its payload."""
+        spec = job.spec
+        key = spec.extra.get("ck") if spec is not None else None
+        if isinstance(key, str) and task.concurrency is None and task.dependency is None and (
+                logical_queue(job.queue) not in self.queue_limits):  # only its key, whose slot fetch.lua took
+            self.held[job.id] = [(f"key:{job.queue}", key)]
+            return None
         b = self.broker
         until = b.clock() + int(self.settings.lease_s * 1000)
         taken: list[tuple[str, str]] = []
@@ -106,25 +111,22 @@ class Gates:
 
     async def release(self, job: Fetched) -> None:
         for kind, name in self.held.pop(job.id, []):
-            if kind.startswith("key:"):  # many jobs end at once: their keys' slots go in one call per queue
-                self._freed[kind[4:]].append((name, job.id))
+            if kind.startswith("key:"):  # freed by the queue's next fetch, in its script: no call of its own
+                self.broker.free_key_slot(kind[4:], name, job.id)
                 if self._flusher is None or self._flusher.done():
                     self._flusher = asyncio.create_task(self._free_key_slots())
             else:
                 await self.broker.release_slot(kind, name, job.id)
 
     async def _free_key_slots(self) -> None:
-        """Release the concurrency-key slots of the jobs ended since the last call; a slot a failed call leaves
-        ends with its lease, as a crashed worker's does."""
-        while self._freed:
-            await asyncio.sleep(0)  # the jobs ending in this turn of the loop join the call
-            freed, self._freed = self._freed, defaultdict(list)
-            for queue, held in freed.items():
-                try:
-                    await self.broker.arun(self.broker.release_key_slots(queue, held))
-                except Exception as exc:  # any failure: the slots end with their lease
-                    log.warning("queue %s: %d concurrency-key slot(s) not released (%s: %s); they end with their "
-                                "lease", queue, len(held), type(exc).__name__, exc)
+        """Free the key slots no fetch carried within ``KEY_SLOT_WAIT_S`` (the worker fetched other queues, or
+        stops); a slot a failed call leaves ends with its lease, as a crashed worker's does."""
+        await asyncio.sleep(KEY_SLOT_WAIT_S)
+        try:
+            await self.broker.flush_key_slots()
+        except Exception as exc:  # any failure: the slots end with their lease
+            log.warning("concurrency-key slots not released (%s: %s); they end with their lease",
+                        type(exc).__name__, exc)
 
     async def record(self, job: Fetched, task: Task, dependency_ok: bool | None) -> None:
         """Tell the breaker how the dependency did (None: the outcome says nothing about it)."""

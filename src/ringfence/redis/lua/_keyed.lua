@@ -21,13 +21,18 @@ local function entry_key(spec)
   return string.match(spec, '^,"ck":"([^"]*)","cl":(%d+)', at)
 end
 
--- Put a pending entry in its key's list; the key joins the ring when its list was empty.
-local function sort(pfx, entry, key, limit, seen)
-  if limit and not seen[key] then
-    redis.call('HSET', pfx .. 'limit', key, limit)
-    seen[key] = true
+-- Sort pending entries into their keys' lists: sorted[key] holds the key's entries in queue order (order: the
+-- keys as first seen); a key joins the ring when its list was empty.
+local function sort(pfx, order, sorted, limits)
+  for _, key in ipairs(order) do
+    if limits[key] then redis.call('HSET', pfx .. 'limit', key, limits[key]) end
+    local entries, list = sorted[key], pfx .. 'q:' .. key
+    local n = 0
+    for i = 1, #entries, 1000 do  -- unpack is bounded by Lua's C stack
+      n = redis.call('LPUSH', list, unpack(entries, i, math.min(i + 999, #entries)))
+    end
+    if n == #entries then redis.call('LPUSH', pfx .. 'ring', key) end
   end
-  if redis.call('LPUSH', pfx .. 'q:' .. key, entry) == 1 then redis.call('LPUSH', pfx .. 'ring', key) end
 end
 
 -- Lease up to want jobs taking the ring's keys in turn (lease(entry, slots) leases one, returns 1 if it did).
@@ -39,25 +44,33 @@ local function take_turns(pfx, want, now, lease)
     redis.call('ZREM', parked, key)
     redis.call('LPUSH', ring, key)
   end
+  local known = {}  -- key -> {limit, slots held, slots key}, read once per call
   local got, steps = 0, want + 1000  -- bounds one call's work when many keys are parked at once
   while got < want and steps > 0 do
     steps = steps - 1
     local key = redis.call('RPOP', ring)
     if not key then break end
-    local list, slots = pfx .. 'q:' .. key, nil
-    local limit = key ~= '' and tonumber(redis.call('HGET', pfx .. 'limit', key))
-    local open = true
-    if limit then
-      slots = pfx .. 's:' .. key
-      redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
-      open = redis.call('ZCARD', slots) < limit
+    local k = known[key]
+    if not k then
+      local limit = key ~= '' and tonumber(redis.call('HGET', pfx .. 'limit', key))
+      k = {limit = limit, held = 0}
+      if limit then
+        k.slots = pfx .. 's:' .. key
+        redis.call('ZREMRANGEBYSCORE', k.slots, '-inf', now)
+        k.held = redis.call('ZCARD', k.slots)
+      end
+      known[key] = k
     end
-    if open then
+    local list = pfx .. 'q:' .. key
+    if not k.limit or k.held < k.limit then
       local entry = redis.call('RPOP', list)
-      if entry then got = got + lease(entry, slots) end
+      if entry then
+        local n = lease(entry, k.slots)
+        got, k.held = got + n, k.held + n
+      end
       if redis.call('LLEN', list) > 0 then redis.call('LPUSH', ring, key) end
     else
-      local first = redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')
+      local first = redis.call('ZRANGE', k.slots, 0, 0, 'WITHSCORES')
       redis.call('ZADD', parked, first[2], key)
     end
   end

@@ -18,6 +18,8 @@
 -- ARGV[5] idle mark until ms (with ARGV[4])
 -- ARGV[6] now ms (with ARGV[4]): marks of workers that died asleep end before it, slots of keys end before it
 -- KEYS[9] idle_lease hash worker -> lease ms (with ARGV[4]): enqueue_ready.lua leases pushed jobs for that long
+-- ARGV[7..] (with ARGV[4]) pairs key, job id: slots of concurrency keys whose jobs this worker ended, freed
+--           first (as release_key_slots.lua frees them), so this fetch may take them
 -- KEYS[10] prefix of the queue's concurrency-key keys (lua/_keyed.lua): a job whose spec names a key goes to
 --          its key's list, and jobs are then leased from the keys in turn, within each key's limit
 -- A pending entry is an id, whose spec is in jobs, or '<id><spec>' (a spec starts with '{', an id never holds
@@ -49,8 +51,12 @@ local function done(out, leased, empty, paused)
 end
 
 --@include keyed
-if redis.call('EXISTS', KEYS[6]) == 1 then return done({}, 0, true, true) end
 local max, pfx = tonumber(ARGV[2]), KEYS[10]
+for i = 7, #ARGV, 2 do
+  redis.call('ZREM', pfx .. 's:' .. ARGV[i], ARGV[i + 1])
+  if redis.call('ZREM', pfx .. 'parked', ARGV[i]) == 1 then redis.call('LPUSH', pfx .. 'ring', ARGV[i]) end
+end
+if redis.call('EXISTS', KEYS[6]) == 1 then return done({}, 0, true, true) end
 local out, duplicates = {}, 0
 
 -- The spec of a pending entry (nil: a queued id without a record) and the id.
@@ -84,23 +90,31 @@ local function lease(entry, slots)
   return 1
 end
 
-local keyed, seen = redis.call('EXISTS', pfx .. 'ring', pfx .. 'parked') > 0, {}
+local keyed = redis.call('EXISTS', pfx .. 'ring', pfx .. 'parked') > 0
 -- Without keyed jobs waiting, entries are leased in queue order; a keyed one found goes to its key's list.
 -- With them, a bounded batch of pending is sorted into the keys' lists first (plain entries to key ''), so a
 -- backlog of one key is passed over in a few calls, not one job at a time.
 local function take(n)
   local entries = redis.call('RPOP', KEYS[1], n) or {}
+  local order, sorted, limits = {}, {}, {}
   for _, entry in ipairs(entries) do
     local _, spec = entry_spec(entry)
     local key, limit = nil, nil
     if spec then key, limit = entry_key(spec) end
     if key or keyed then
-      sort(pfx, entry, key or '', limit, seen)
+      key = key or ''
+      if not sorted[key] then
+        sorted[key] = {}
+        order[#order + 1] = key
+      end
+      sorted[key][#sorted[key] + 1] = entry
+      limits[key] = limit or limits[key]
       keyed = true
     else
       lease(entry, nil)
     end
   end
+  sort(pfx, order, sorted, limits)
   return #entries
 end
 local batch = math.max(max, 1000)
