@@ -70,12 +70,24 @@ def _runs(rdb: redis.Redis, ns: str) -> list[list[str]]:
     return [r.decode().split() for r in rdb.lrange(f"{ns}:test:runs", 0, -1)]
 
 
-def _cli(namespace: str, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RINGFENCE_REDIS_URL": redis_url, "RINGFENCE_NAMESPACE": namespace,
-           "TEST_PARTITIONS": str(PARTS),
-           "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.run([sys.executable, "-m", "ringfence.cli", *args, "--app", "partitionapp:app"], env=env,
-                          capture_output=True, text=True, timeout=60)
+@pytest.fixture
+def cli(namespace: str, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Callable[..., str]:
+    """``cli(*args)``: the ringfence command on tests/partitionapp.py, in this process; its stdout."""
+    from click.testing import CliRunner
+
+    from ringfence.cli import main
+
+    monkeypatch.setenv("RINGFENCE_NAMESPACE", namespace)
+    monkeypatch.setenv("RINGFENCE_REDIS_URL", redis_url)
+    monkeypatch.setenv("TEST_PARTITIONS", str(PARTS))
+    monkeypatch.delitem(sys.modules, "partitionapp", raising=False)
+
+    def run(*args: str) -> str:
+        result = CliRunner().invoke(main, [*args, "--app", "partitionapp:app"])
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    return run
 
 
 def test_jobs_without_a_key_spread_evenly_and_a_key_stays_in_one_partition(hot: App) -> None:
@@ -141,7 +153,7 @@ def test_workers_drain_every_partition_and_a_deep_one_starves_none(
 
 def test_dead_letter_replay_and_info_name_the_queue(
         hot: App, workers: Callable[..., subprocess.Popen[bytes]], rdb: redis.Redis, namespace: str,
-        redis_url: str) -> None:
+        cli: Callable[..., str]) -> None:
     """Failing jobs go to dead-letter in their partitions; ``dead list --queue hot`` shows them all, ``dead
     replay --queue hot --all`` sends each back to its partition; ``info`` has one row for the queue."""
     hot.enqueue_many("keyed", [{"key": f"k{n}", "n": n, "fail": True} for n in range(12)])
@@ -150,15 +162,14 @@ def test_dead_letter_replay_and_info_name_the_queue(
     wait_until(lambda: sum(int(hot.broker.sync.zcard(hot.broker.keys.queue(p).dead)) for p in _pending(hot)) == 12)
     dead_in = Counter(p for p in _pending(hot) for _ in range(hot.broker.sync.zcard(hot.broker.keys.queue(p).dead)))
     assert len(dead_in) > 1  # spread over partitions
-    listed = json.loads(_cli(namespace, redis_url, "dead", "list", "--queue", "hot", "--json").stdout)
+    listed = json.loads(cli("dead", "list", "--queue", "hot", "--json"))
     assert sorted(j["id"] for j in listed) == sorted(r[4] for r in _runs(rdb, namespace) if r[0] != "-")
-    info = json.loads(_cli(namespace, redis_url, "info", "--json").stdout)
+    info = json.loads(cli("info", "--json"))
     assert [(q["queue"], q["dead"], q["processed"], q["partitions"]) for q in info["queues"]] == [
         ("hot", 12, 20, PARTS)]
     os.killpg(w.pid, signal.SIGKILL)
     w.wait(10)
-    replay = _cli(namespace, redis_url, "dead", "replay", "--queue", "hot", "--all")
-    assert replay.returncode == 0, replay.stderr
+    cli("dead", "replay", "--queue", "hot", "--all")
     assert Counter({p: hot.broker.sync.llen(hot.broker.keys.queue(p).pending) for p in dead_in}) == dead_in
     workers("--concurrency", "4")
     wait_until(lambda: len(_runs(rdb, namespace)) >= 12 * 2 + 20)
@@ -326,22 +337,8 @@ def test_the_outbox_relay_sends_each_job_to_its_partition(make_app: Callable[...
         engine.dispose()
 
 
-def test_pause_resume_and_purge_take_every_partition(hot: App, namespace: str, redis_url: str,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from click.testing import CliRunner
-
-    from ringfence.cli import main
-
-    monkeypatch.setenv("RINGFENCE_NAMESPACE", namespace)
-    monkeypatch.setenv("RINGFENCE_REDIS_URL", redis_url)
-    monkeypatch.setenv("TEST_PARTITIONS", str(PARTS))
-    monkeypatch.delitem(sys.modules, "partitionapp", raising=False)
+def test_pause_resume_and_purge_take_every_partition(hot: App, cli: Callable[..., str]) -> None:
     hot.enqueue_many("spread", [{"n": n} for n in range(8)])
-
-    def cli(*args: str) -> str:
-        result = CliRunner().invoke(main, [*args, "--app", "partitionapp:app"])
-        assert result.exit_code == 0, result.output
-        return result.output
 
     def paused() -> list[bool]:
         return [bool(hot.broker.sync.exists(hot.broker.keys.queue(p).paused)) for p in _pending(hot)]
