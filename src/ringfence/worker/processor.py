@@ -25,7 +25,7 @@ from ringfence.worker.observers import Observers
 from ringfence.worker.outcomes import Outcome, Verdict
 from ringfence.worker.runner import Runner
 from ringfence.worker.running import Running
-from ringfence.worker.settle import Settler, job_log
+from ringfence.worker.settle import Settler, Writes, job_log
 
 log = logging.getLogger("ringfence.worker")
 
@@ -138,9 +138,12 @@ class Processor:
             return  # ``drain`` gave it up: nothing is recorded
         try:
             verdict = self.runner.outcome(r, a, run)
-            if self.observers.hears_ran(a.task) or (not r.settled and not r.lost and verdict.recorded
-                                                     and not self.settler.settle_now(r, verdict)):
+            if self.observers.hears_ran(a.task):
                 r.task = self._loop.create_task(self._execute(r, verdict, a.task))
+                return
+            writes = self._settle(r, verdict)
+            if writes is not None:
+                r.task = self._loop.create_task(self._write(r, writes))
                 return
         except asyncio.CancelledError:
             pass  # the handler raised it (as its Task would have ended: nothing recorded)
@@ -155,12 +158,29 @@ class Processor:
             verdict = await self._verdict(r, a)
             if heard_by is not None:
                 await self.observers.ran(r.job, heard_by, verdict)
-            if not r.settled and not r.lost and verdict.recorded and not self.settler.settle_now(r, verdict):
-                await self.settler.settle(r, verdict)
+            writes = self._settle(r, verdict)
+            if writes is not None:
+                await writes()
         except Exception:
             self._unrecorded(r)
         finally:
             self._done(r)
+
+    async def _write(self, r: Running, writes: Writes) -> None:
+        """The settling writes of a verdict ``_returned`` could not record at once."""
+        try:
+            await writes()
+        except Exception:
+            self._unrecorded(r)
+        finally:
+            self._done(r)
+
+    def _settle(self, r: Running, verdict: Verdict) -> Writes | None:
+        """Record the verdict (unless the run lost its lease, was settled already, or has nothing to record);
+        what is left to await, if anything."""
+        if r.settled or r.lost or not verdict.recorded:
+            return None
+        return self.settler.settle(r, verdict)
 
     @staticmethod
     def _unrecorded(r: Running) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Protocol, TypeVar
 
@@ -28,6 +29,8 @@ from ringfence.worker.outcomes import Outcome, Verdict
 from ringfence.worker.running import Running
 
 T = TypeVar("T")
+# What ``Settler.settle`` returns for a verdict it cannot record at once: await ``writes()`` to record it.
+Writes = Callable[[], Awaitable[None]]
 
 
 class Leaving(Protocol):
@@ -51,18 +54,17 @@ class Settler:
         self.unconfirmed = 0  # settles no replica confirmed in time (also the queue's settle_unconfirmed stat)
         self.confirmed_acks = ConfirmedAcks(acks, self.replicas, self.timeout_ms)
 
-    def settle_now(self, r: Running, v: Verdict) -> bool:
-        """``settle`` without a coroutine for a plain ack (no stored result, not a duplicate): the ack joins the
-        batch. False: ``settle`` records the verdict."""
-        if v.outcome is not Outcome.ACK or v.result is not None or v.reason or v.step is not None:
-            return False
-        if self.confirmed and self._confirms(r.job):
-            return False
-        job = r.job
+    def settle(self, r: Running, v: Verdict) -> Writes | None:
+        """Record ``v``: a plain ack (no stored result, not a duplicate, no replica to wait for) joins the acks'
+        batch here and this returns None; any other verdict returns its ``Writes``, for the caller to await."""
         self._finished(r, v)
-        self.processed += 1
-        self.acks.add(job.queue, job.id, job.token, job.raw)
-        return True
+        if (v.outcome is Outcome.ACK and v.result is None and not v.reason and v.step is None
+                and not (self.confirmed and self._confirms(r.job))):
+            job = r.job
+            self.processed += 1
+            self.acks.add(job.queue, job.id, job.token, job.raw)
+            return None
+        return lambda: self._record(r, v)
 
     def _finished(self, r: Running, v: Verdict) -> None:
         r.settled = True
@@ -70,11 +72,8 @@ class Settler:
         if r.started and job.spec is not None:
             self.observers.finished(job.spec.task, job.queue, v.outcome, time.monotonic() - r.started)
 
-    async def settle(self, r: Running, v: Verdict) -> None:
-        if self.settle_now(r, v):
-            return
+    async def _record(self, r: Running, v: Verdict) -> None:
         job, b = r.job, self.broker
-        self._finished(r, v)
         if v.outcome is Outcome.ACK and job.spec is not None and "w" in job.spec.extra:
             await self._step_done(r, v)
             return
