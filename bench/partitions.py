@@ -3,6 +3,7 @@ CPU it spent; overall, the drain rate. Private redis-server processes on loopbac
 split evenly, as ``redis-cli --cluster create`` splits them; it refuses fewer than 3 masters).
 
     python -m bench.partitions --jobs 12000 --workers 3 --partitions 6
+    python -m bench.partitions --enqueue redis://127.0.0.1:6379/0    # one producer's plain enqueue, µs a call
 
 Each set-up: enqueue ``--jobs`` no-op jobs into queue "hot" of ``--partitions`` partitions, start ``--workers``
 worker processes serving "hot", time from the first job done to the last. Prints one line per set-up and one per
@@ -120,13 +121,38 @@ def _processed(app: App, partitions: list[str]) -> int:
     return sum(int(app.broker.queue_counts(q)["stats"].get("processed", 0)) for q in partitions)
 
 
+def enqueue_cost(url: str, partitions: int, calls: int = 3000) -> None:
+    """Sequential ``task.enqueue(n=...)`` on a plain queue and on a partitioned one, alternating, twice each."""
+    ns = f"benq{os.getpid()}{int(time.time())}"
+    app = App(url, ns, environment="bench")
+    app.queue("hot", partitions=partitions)
+    plain = app.task(name="plain", queue="plain")(_noop)
+    hot = app.task(name="hot", queue="hot")(_noop)
+    try:
+        for task in (plain, hot, plain, hot):
+            task.enqueue(n=0)
+            t0 = time.perf_counter()
+            for n in range(calls):
+                task.enqueue(n=n)
+            print(f"{task.name}: {(time.perf_counter() - t0) / calls * 1e6:.0f} µs per enqueue")
+    finally:
+        for q in app.broker.queues():
+            app.broker.sync.delete(*vars(app.broker.keys.queue(q)).values())
+        app.broker.sync.delete(app.broker.keys.queues)
+        app.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--enqueue", metavar="REDIS_URL", help="measure one producer's enqueue instead of drains")
     ap.add_argument("--jobs", type=int, default=12_000)
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--masters", default="1,2,3")
     args = ap.parse_args()
+    if args.enqueue:
+        enqueue_cost(args.enqueue, args.partitions)
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         (d / "benchapp.py").write_text(APP)
