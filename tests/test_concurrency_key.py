@@ -113,6 +113,22 @@ def test_a_job_whose_key_cannot_be_built_at_run_time_goes_to_dead_letter(
     assert done(producer.broker.sync, namespace) == 0
 
 
+def test_a_job_without_its_key_in_the_spec_takes_its_slot_at_run_time(
+        make_app: Callable[..., App], spawn_worker: Callable[..., WorkerProc], namespace: str) -> None:
+    """Jobs from a producer whose declaration has no key: the worker builds the key and keeps the limit."""
+    producer = make_app()
+
+    @producer.task(name="per_account")
+    async def per_account(ctx: Any, account: str, n: int, sleep_s: float = 0.2) -> None:
+        pass
+
+    for i in range(4):
+        per_account.enqueue(account="a", n=i, sleep_s=0.3)
+    key_worker(spawn_worker, "--concurrency", "4", limit=1)
+    wait_until(lambda: done(producer.broker.sync, namespace) == 4, timeout=30)
+    assert int(producer.broker.sync.get(f"{namespace}:test:peak:a") or 0) == 1
+
+
 # -- the fetch script's turns and parking ------------------------------------------------------------------------
 def test_fetch_takes_keys_in_turn_and_parks_a_key_at_its_limit(make_app: Callable[..., App]) -> None:
     app = make_app()
