@@ -181,7 +181,6 @@ def test_every_script_declares_keys_of_one_slot() -> None:
         b.breaker_record("d", True, 1, 1, 1, "f"), b.acquire_slot("task", "t", 1, "j", 2),
         b.extend_slots("task", "t", [("j", 2)]), b.spec_heads("q"), b.cancel("q", "j", {"reason": "r"}),
         b.purge("q", 1), b.latency_sample("q", 1), relay(b, "q", [("j", b"{}", 0, "", 0)]),
-        b.pending_slice("q", "j", 0),
         workflows.start(b, "q", "w", 1, []), workflows.advance(b, "q", "j", "t", "w", 0, b"{}"),
         workflows.cancel(b, "q", "w"), workflows.depend(b, "q", "j", b"{}", []),
     ]

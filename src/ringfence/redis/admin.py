@@ -10,6 +10,7 @@ import orjson
 
 from ringfence.redis.call import Call, _str
 from ringfence.redis.keys import Keys, QueueKeys, split_entry
+from ringfence.redis.reads import find_entry
 
 if TYPE_CHECKING:
     import redis
@@ -18,9 +19,9 @@ T = TypeVar("T")
 
 #: The states a job of a queue can be browsed in, and the key (list or zset) that holds each.
 STATES = ("pending", "active", "scheduled", "retry", "dead")
-#: Oldest pending entries a lookup by id reads before its newest-first scan (one LRANGE in pending_entry.lua): the
-#: pending page lists jobs oldest first and latency is the oldest job's age, so those are the jobs looked up most,
-#: and the scan would reach them last.
+#: Oldest pending entries a lookup by id reads before its newest-first scan (one LRANGE): the pending page lists
+#: jobs oldest first and latency is the oldest job's age, so those are the jobs looked up most, and the scan would
+#: reach them last.
 OLDEST_FIRST = 1000
 
 
@@ -83,12 +84,12 @@ class Admin:
 
     def _pending_entry(self, queue: str, job_id: str) -> bytes | None:
         """``pending_entry`` with the oldest ``OLDEST_FIRST`` entries read first (a list no longer than that is
-        read whole by that one call)."""
-        entry, after = self.run(Call("pending_entry", [self.keys.queue(queue).pending],
-                                     [job_id, -OLDEST_FIRST, OLDEST_FIRST], lambda raw: (bytes(raw[0]), int(raw[1]))))
-        if entry:
-            return entry
-        return None if after < 0 else self.pending_entry(queue, job_id)
+        read whole by that one LRANGE)."""
+        oldest: list[bytes] = self.sync.lrange(self.keys.queue(queue).pending, -OLDEST_FIRST, -1)  # type: ignore[assignment]
+        found = find_entry(oldest, job_id)
+        if found is not None or len(oldest) < OLDEST_FIRST:
+            return found
+        return self.pending_entry(queue, job_id)
 
     def _job_state(self, k: QueueKeys, job_id: str) -> str | None:
         p = self.sync.pipeline(transaction=False)

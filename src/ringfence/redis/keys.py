@@ -16,7 +16,7 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 #: Specs up to this size of jobs ready now, with a generated id, no unique key and no stored result go into the
 #: pending list itself (``<id><spec>``), with no ``jobs`` entry until fetch leases them: ~95 instead of ~165 bytes
-#: per queued job. Larger specs stay in the hash: a lookup by id scans the list (``pending_entry.lua``), and
+#: per queued job. Larger specs stay in the hash: a lookup by id scans the list (``Reads.pending_entry``), and
 #: that scan copies every entry.
 INLINE_MAX_BYTES = 512
 

@@ -7,7 +7,7 @@
 -- ARGV[1] id  ARGV[2] now ms
 -- ARGV[3] '' to delete the job, else a JSON object of dead record fields: the job goes to dead-letter instead
 --         (a job that owns a fence step past capture must not vanish)
--- ARGV[4] the job's inline pending entry '<id><spec>' as a scan found it (pending_entry.lua), or ''
+-- ARGV[4] the job's inline pending entry '<id><spec>' as a scan found it (Reads.pending_entry), or ''
 -- Returns: the state it was taken from (pending, scheduled, retry, active, waiting), or '' when it is no job of the
 -- queue. The jobs waiting for it go to dead-letter (reason dependency_dead).
 --@include depends
