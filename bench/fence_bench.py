@@ -95,7 +95,7 @@ def fenced_sync(ctx: JobContext, run: str, n: int) -> None:
 
 
 async def fenced_async(ctx: JobContext, run: str, n: int) -> None:
-    """The same, ``async def``: the store calls run in a thread (``fence/hop.py``: calling, the sync effect and the
+    """The same, ``async def``: the store calls run in a thread (``offloop.py``: calling, the sync effect and the
     record in one hop); ``complete`` with a sync Engine runs its begin and commit in a thread (docs/fences.md)."""
     async with ctx.fence(f"{run}:order:{n}", STEP, params={"n": n}) as step:
         if step.done:

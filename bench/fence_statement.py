@@ -3,7 +3,7 @@
 A prepared ``SELECT $1::int`` on a kept psycopg connection, ``--calls`` times in a row per way, wall µs and process
 CPU µs (``time.process_time``, threads included) per call: blocking (``Wire.call``, what a ``def`` job's statements
 cost), on the event loop (``Wire.arun`` on uvloop, an ``async def`` job's), and the thread hop a sync effect of an
-``async def`` job takes (``fence/hop.py``), empty and around one blocking statement. The async fence's CPU per job
+``async def`` job takes (``offloop.py``), empty and around one blocking statement. The async fence's CPU per job
 is the sum of these::
 
     python -m bench.fence_statement postgresql+psycopg://root@127.0.0.1:5432/test --rounds 3
@@ -22,8 +22,8 @@ import uvloop
 from sqlalchemy.engine import make_url
 
 from bench.fence_bench import DEFAULT_FENCE_URL
-from ringfence.fence.hop import Hop
 from ringfence.fence.pgwire import Wire, pg_form
+from ringfence.offloop import Hop
 
 _FORM = pg_form("SELECT %(x)s::int")
 assert _FORM is not None

@@ -1,4 +1,4 @@
-"""The thread hop of a sync effect in an ``async with`` fence (fence/hop.py): to_thread's semantics at less CPU."""
+"""The thread hop of a sync effect in an ``async with`` fence (offloop.py): to_thread's semantics at less CPU."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ import asyncio
 import contextvars
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from fence_helpers import Backend, OwnerFactory, Provider
 
 from ringfence.fence import Fences, FenceState
-from ringfence.fence.hop import MAX_IDLE, Hop
+from ringfence.offloop import MAX_IDLE, Hop
 
 where: contextvars.ContextVar[str] = contextvars.ContextVar("where", default="unset")
 
@@ -127,3 +128,30 @@ async def test_an_idle_hop_thread_keeps_nothing_of_its_last_call() -> None:
     await asyncio.sleep(0.05)  # the thread is back waiting for a call
     gc.collect()
     assert ref() is None
+
+
+async def test_a_sync_hook_and_a_blocking_context_manager_take_the_same_hop() -> None:
+    """call_off_loop (a sync reconcile hook) and in_thread (a sync completion) run on the effects' hop threads,
+    with the caller's context variables, not on the loop's default executor."""
+    from contextlib import contextmanager
+
+    from ringfence.offloop import call_off_loop, in_thread
+
+    where.set("hook-caller")
+    seen: list[tuple[str, str]] = []
+
+    def hook() -> str:
+        seen.append((threading.current_thread().name, where.get()))
+        return "ok"
+
+    @contextmanager
+    def completion() -> Iterator[str]:
+        seen.append((threading.current_thread().name, where.get()))
+        yield "conn"
+        seen.append((threading.current_thread().name, where.get()))
+
+    assert await call_off_loop(hook) == "ok"
+    async with in_thread(completion()) as conn:
+        assert conn == "conn"
+    assert len(seen) == 3
+    assert all(name.startswith("ringfence-effect_") and value == "hook-caller" for name, value in seen), seen

@@ -24,9 +24,8 @@ from types import TracebackType
 from typing import Any, ClassVar, Final, Protocol
 
 from ..errors import ConfigError, ReconcileTimeout
-from ..offloop import call_off_loop
+from ..offloop import HOP, call_off_loop
 from .core import RECONCILE, Core, NotHappened
-from .hop import HOP
 from .model import FenceBackend, Owner
 
 __all__ = ["NOT_HAPPENED", "AsyncStep", "FenceContext", "Fences", "Owner", "Step", "StepOptions", "Tracing"]
@@ -285,8 +284,8 @@ class AsyncStep(_StepView):
             value = await fn()
         else:
             # A sync fn runs in a thread anyway: calling, the call and the record share that one hop (the sync
-            # statements cost less CPU than the async ones; a stored reference needs no hop at all). hop.py: half
-            # the CPU of asyncio.to_thread's hop.
+            # statements cost less CPU than the async ones; a stored reference needs no hop at all). offloop.py:
+            # half the CPU of asyncio.to_thread's hop.
             stored = core.plan_effect(request)[0] if a is not None else None
             if stored is not None:
                 return stored
