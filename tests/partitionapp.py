@@ -4,6 +4,7 @@ cluster node: the per-master counts stay the queue's own)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import redis
@@ -27,6 +28,13 @@ async def keyed(ctx, key: str, n: int, fail: bool = False) -> None:
 @app.task(name="spread", queue="hot")
 async def spread(ctx, n: int) -> None:
     record.rpush(f"{ns}:test:runs", f"- {n} {ctx.queue} {ctx.attempt} {ctx.id}")
+
+
+@app.task(name="slow", queue="hot", max_attempts=3)
+async def slow(ctx, n: int) -> None:
+    record.rpush(f"{ns}:test:runs", f"- {n} {ctx.queue} {ctx.attempt} {ctx.id}")
+    await asyncio.sleep(1.0)
+    record.rpush(f"{ns}:test:done", f"{n} {ctx.queue} {ctx.attempt}")
 
 
 @app.task(name="fenced", queue="hot", max_attempts=20)

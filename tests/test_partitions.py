@@ -349,3 +349,24 @@ def test_pause_resume_and_purge_take_every_partition(hot: App, cli: Callable[...
     assert paused() == [False] * PARTS
     assert "purged 8 pending job(s) of hot" in cli("queue", "purge", "hot", "--yes")
     assert not any(_pending(hot).values())
+
+
+def test_a_killed_workers_jobs_in_every_partition_run_again(
+        hot: App, workers: Callable[..., subprocess.Popen[bytes]], rdb: redis.Redis, namespace: str) -> None:
+    """A worker SIGKILLed while it runs jobs of every partition: their leases lapse and another worker runs each
+    of them again (attempt 2) in its own partition; every job finishes."""
+    hot.task(name="slow", queue="hot")(_spread)
+    hot.enqueue_many("slow", [{"n": n} for n in range(16)])
+    first = workers("--concurrency", "16")
+    wait_until(lambda: len(_runs(rdb, namespace)) >= 16)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(10)
+    done_then = {int(d.split()[0]) for d in rdb.lrange(f"{namespace}:test:done", 0, -1)}
+    interrupted = {int(r[1]): r[2] for r in _runs(rdb, namespace) if int(r[1]) not in done_then}
+    assert len(set(interrupted.values())) == PARTS
+    workers("--concurrency", "8")
+    wait_until(lambda: {int(d.split()[0]) for d in rdb.lrange(f"{namespace}:test:done", 0, -1)} == set(range(16)),
+               timeout=30)
+    again = {int(r[1]): r[2] for r in _runs(rdb, namespace) if r[3] == "2"}
+    assert {n: again.get(n) for n in interrupted} == interrupted  # again, as attempt 2, in its partition
+    assert set(again) - set(interrupted) <= done_then  # one that finished as the kill came, its ack unsent
