@@ -370,3 +370,16 @@ def test_a_killed_workers_jobs_in_every_partition_run_again(
     again = {int(r[1]): r[2] for r in _runs(rdb, namespace) if r[3] == "2"}
     assert {n: again.get(n) for n in interrupted} == interrupted  # again, as attempt 2, in its partition
     assert set(again) - set(interrupted) <= done_then  # one that finished as the kill came, its ack unsent
+
+
+def test_a_worker_serves_the_partitions_of_a_queue_it_names(hot: App) -> None:
+    """``--queues hot=2,low`` and ``--max-wait hot=5``: the worker fetches from hot's partitions at hot's weight,
+    and the bound holds for each partition; a bound on a queue it does not serve is refused."""
+    from ringfence.worker.worker import Worker
+
+    w = Worker(hot, [("hot", 2), ("low", 1)], max_wait={"hot": 5.0})
+    parts = [partition_name("hot", i, PARTS) for i in range(PARTS)]
+    assert w.queues == [(p, 2) for p in parts] + [("low", 1)]
+    assert w.processor.fetcher.max_wait == dict.fromkeys(parts, 5.0)
+    with pytest.raises(ConfigError, match="does not serve: hot~0of4"):
+        Worker(hot, [("hot", 1)], max_wait={"hot~0of4": 5.0})
