@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from ringfence import App, ConfigError, JobContext, PayloadError
-from ringfence.inspect import DeadFilter, dead_jobs
+from ringfence.queries import DeadFilter, dead_jobs
 from ringfence.redis.keys import split_entry
 from test_worker import run_until
 

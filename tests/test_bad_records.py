@@ -17,9 +17,9 @@ from ringfence import App
 from ringfence.cli import main as cli
 from ringfence.doctor import Thresholds, diagnose
 from ringfence.errors import BadRecord, ConfigError, DuplicateJob, PayloadError
-from ringfence.inspect import DeadFilter, dead_jobs, find_dead, info
 from ringfence.metrics import QueueCollector
 from ringfence.models import JobSpec
+from ringfence.queries import DeadFilter, dead_jobs, find_dead, info
 from support import wait_until
 
 GOOD: dict[str, Any] = {"t": "noop", "v": 1, "e": 0, "a": {"n": 1}}

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from ringfence.inspect import DeadFilter, dead_jobs
+from ringfence.queries import DeadFilter, dead_jobs
 from ringfence.redis.embedded import EmbeddedRedis, free_port
 from test_worker import run_until
 

@@ -18,8 +18,8 @@ import pytest
 
 from empty_databases import empty_database
 from ringfence import App, RetryPolicy
-from ringfence.inspect import find_dead
 from ringfence.models import DeadJob
+from ringfence.queries import find_dead
 from support import wait_until
 
 APP = """

@@ -12,9 +12,9 @@ import pytest
 import redis
 
 from ringfence import App
-from ringfence.inspect import queue_info
 from ringfence.jobs import browse, cancel_job, find_job, purge_queue
 from ringfence.models import JobSpec
+from ringfence.queries import queue_info
 from ringfence.redis import observe, reads
 from ringfence.redis.keys import INLINE_MAX_BYTES, split_entry
 from ringfence.worker.worker import Worker

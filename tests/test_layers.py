@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
      "ringfence.fake_provider", "ringfence.notify"),
     ("ringfence.payloads", "ringfence.fence.model", "ringfence.fence_api"),
     ("ringfence.redis", "ringfence.fence", "ringfence.tasks"),
-    ("ringfence.client", "ringfence.scheduler", "ringfence.inspect", "ringfence.runtime", "ringfence.worker.loop",
+    ("ringfence.client", "ringfence.scheduler", "ringfence.queries", "ringfence.runtime", "ringfence.worker.loop",
      "ringfence.outbox", "ringfence.oncommit"),
     ("ringfence.jobs",),
     ("ringfence.results", "ringfence.workflows"),

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from ringfence import App
-from ringfence.inspect import find_dead
+from ringfence.queries import find_dead
 from support import wait_until
 from test_processes import assert_one_run_at_a_time, records, spans
 

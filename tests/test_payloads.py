@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from ringfence import PayloadError
 from ringfence.contracts import assert_contracts, check, freeze
-from ringfence.inspect import DeadFilter, dead_jobs, queue_info
+from ringfence.queries import DeadFilter, dead_jobs, queue_info
 from test_worker import run_until
 
 

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from ringfence import App
-from ringfence.inspect import find_dead
+from ringfence.queries import find_dead
 from support import ROOT, wait_until
 
 pytestmark = pytest.mark.slow

@@ -40,8 +40,8 @@ from ringfence import (
     ResultTimeout,
 )
 from ringfence.client import CHUNK_JOBS
-from ringfence.inspect import find_dead
 from ringfence.payloads import MAX_DEPTH
+from ringfence.queries import find_dead
 from ringfence.redis.connection import ConnectionSettings
 from ringfence.redis.embedded import EmbeddedRedis
 from ringfence.redis.scripts import script

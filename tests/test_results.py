@@ -20,8 +20,8 @@ import redis
 from pydantic import BaseModel
 
 from ringfence import App, ConfigError, JobFailed, ResultTimeout, RetryPolicy, UnknownJob
-from ringfence.inspect import find_dead
 from ringfence.jobs import cancel_job
+from ringfence.queries import find_dead
 from test_worker import run_until
 
 

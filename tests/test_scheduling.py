@@ -12,7 +12,7 @@ import pytest
 
 from ringfence import ConfigError, RetryPolicy
 from ringfence.errors import DuplicateJob
-from ringfence.inspect import breakers, queue_info
+from ringfence.queries import breakers, queue_info
 from ringfence.redis.broker import Broker
 from ringfence.scheduler import Scheduler
 from ringfence.settings import BreakerPolicy

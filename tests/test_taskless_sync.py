@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from ringfence.inspect import find_dead, queue_info
+from ringfence.queries import find_dead, queue_info
 from ringfence.worker.worker import Worker
 from support import drive
 

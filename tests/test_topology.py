@@ -21,7 +21,7 @@ import redis
 
 from ringfence import App, ConfigError, RingfenceError
 from ringfence.errors import NotReplicated
-from ringfence.inspect import info
+from ringfence.queries import info
 from ringfence.redis import observe
 from ringfence.redis.connection import parse_target
 from support import ROOT, kill_at, wait_until

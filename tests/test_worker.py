@@ -12,7 +12,7 @@ import pytest
 
 from ringfence import App, DeadJob, Permanent, RetryLater, RetryPolicy
 from ringfence.cli import main as cli
-from ringfence.inspect import DeadFilter, dead_jobs, find_dead, queue_info
+from ringfence.queries import DeadFilter, dead_jobs, find_dead, queue_info
 from ringfence.worker.worker import Worker
 from support import SimClock, drive
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ringfence import inspect
+from ringfence import queries
 from ringfence.errors import BadRecord, ConfigError, FencedOut
 from ringfence.fence.model import FenceState
 from ringfence.models import DeadJob, JobSpec
@@ -68,7 +68,7 @@ def find_job(app: Live, job_id: str) -> JobView | None:
         if state is None:
             continue
         if state == "dead":
-            dead = inspect.find_dead(broker, job_id)
+            dead = queries.find_dead(broker, job_id)
             if dead is not None:
                 return JobView(id=job_id, queue=queue, state="dead", task=dead.task, args=dead.args,
                                attempts=dead.attempts, history=dead.history, reason=dead.reason, error=dead.error,

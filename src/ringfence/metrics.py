@@ -33,7 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from ringfence.inspect import queue_gauges
+from ringfence.queries import queue_gauges
 from ringfence.redis.broker import Broker
 
 OUTCOMES = ("ack", "retry", "dead", "requeue")

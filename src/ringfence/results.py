@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from pydantic import BaseModel
 
-from ringfence import inspect
+from ringfence import queries
 from ringfence.errors import ConfigError, JobFailed, PayloadError, ResultTimeout, UnknownJob
 from ringfence.payloads import json_problem, model_dump, non_finite
 from ringfence.redis import results as stored
@@ -153,7 +153,7 @@ class _Waiter:
             raise ConfigError(f"task {view.task!r} does not store results: declare it with store_result=True "
                               f"(job {self.job_id} is {view.state})")
         if view.state == "dead":  # died before a record could be written (or the record expired)
-            dead = inspect.find_dead(self.app.broker, self.job_id)
+            dead = queries.find_dead(self.app.broker, self.job_id)
             reason, error = (dead.reason, dead.error) if dead is not None else (view.reason, view.error)
             raise JobFailed(f"job {self.job_id} ({view.task}) failed [{reason}]: {error}", self.job_id, reason, error)
         self.queue = view.queue

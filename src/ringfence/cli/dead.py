@@ -10,7 +10,7 @@ from typing import Any
 import click
 import orjson
 
-from ringfence import inspect
+from ringfence import queries
 from ringfence.app import App
 from ringfence.cli.base import app_option, main
 from ringfence.cli.ops import print_json, print_table
@@ -33,17 +33,17 @@ def _select(app: App, ids: tuple[str, ...], all_: bool, **flt: str | None) -> li
     table (Redis lost them). Refuses an id found in neither."""
     _require_selection(ids, all_, **flt)
     if ids:
-        found = [j for j in (inspect.find_dead(app.broker, i) for i in ids) if j is not None]
+        found = [j for j in (queries.find_dead(app.broker, i) for i in ids) if j is not None]
     else:
-        found = inspect.dead_jobs(app.broker, inspect.DeadFilter(**flt))
-    found += _sql_only(app, inspect.DeadFilter(**flt), ids, {j.id for j in found})
+        found = queries.dead_jobs(app.broker, queries.DeadFilter(**flt))
+    found += _sql_only(app, queries.DeadFilter(**flt), ids, {j.id for j in found})
     missing = [i for i in ids if i not in {j.id for j in found}]
     if missing:
         raise ConfigError(f"not in dead-letter: {', '.join(missing)}")
     return found
 
 
-def _sql_only(app: App, flt: inspect.DeadFilter, ids: tuple[str, ...] = (), seen: set[str] | None = None,
+def _sql_only(app: App, flt: queries.DeadFilter, ids: tuple[str, ...] = (), seen: set[str] | None = None,
               limit: int | None = None) -> list[DeadJob]:
     """Dead jobs kept only in the failed_jobs table of this namespace (not replayed, not in Redis)."""
     failed = app.failed_jobs
@@ -82,8 +82,8 @@ def dead() -> None:
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def list_(app: App, limit: int, as_json: bool, **flt: str | None) -> None:
     """Dead jobs, newest first; with a fence database also those only in its failed_jobs table (marked)."""
-    f = inspect.DeadFilter(**flt)
-    jobs = inspect.dead_jobs(app.broker, f, limit)
+    f = queries.DeadFilter(**flt)
+    jobs = queries.dead_jobs(app.broker, f, limit)
     if len(jobs) < limit:
         jobs += _sql_only(app, f, seen={j.id for j in jobs}, limit=limit - len(jobs))
     if as_json:
@@ -101,9 +101,9 @@ def list_(app: App, limit: int, as_json: bool, **flt: str | None) -> None:
 @click.argument("job_id")
 def show(app: App, job_id: str) -> None:
     """One dead job as JSON (``"source": "sql"`` when only the failed_jobs table has it)."""
-    job = inspect.find_dead(app.broker, job_id)
+    job = queries.find_dead(app.broker, job_id)
     if job is None:
-        found = _sql_only(app, inspect.DeadFilter(), (job_id,))
+        found = _sql_only(app, queries.DeadFilter(), (job_id,))
         job = found[0] if found else None
     if job is None:
         raise ConfigError(f"not in dead-letter: {job_id}")

@@ -13,7 +13,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from ringfence import inspect
+from ringfence import queries
 from ringfence.app import App
 from ringfence.cli.base import app_option, main
 from ringfence.errors import ConfigError
@@ -53,9 +53,9 @@ def info(app: App, as_json: bool) -> None:
 
     _short_timeouts(app)
     silent = silent_masters(app.broker)
-    rows, missing = inspect.info_partial(app.broker, silent)
-    rows = inspect.by_logical_queue(rows)  # a partitioned queue is one row
-    breakers, missing_breakers = inspect.breakers_partial(app.broker, silent)
+    rows, missing = queries.info_partial(app.broker, silent)
+    rows = queries.by_logical_queue(rows)  # a partitioned queue is one row
+    breakers, missing_breakers = queries.breakers_partial(app.broker, silent)
     try:
         outbox = outbox_lag(app)
     except Exception as exc:  # the queues are still worth printing when the database does not answer
@@ -143,7 +143,7 @@ def _namespaces(client: Any, limit: int = 500, budget_s: float = 1.0) -> set[str
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def servers(app: App, as_json: bool) -> None:
     """Live worker processes and what they serve."""
-    rows = inspect.servers(app.broker)
+    rows = queries.servers(app.broker)
     if as_json:
         print_json(rows)
         return

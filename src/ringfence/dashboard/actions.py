@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from ringfence import inspect, jobs
+from ringfence import jobs, queries
 from ringfence.dashboard import later, views
 from ringfence.dashboard.page import BadInput, whole
 from ringfence.dashboard.security import AUTH_COOKIE, csrf_ok, same, token_proof
@@ -189,7 +189,7 @@ def _dead_action(d: Dashboard, request: Request, form: Any) -> Response:
     if op not in ("replay", "delete") or queue not in app.broker.queues():
         return PlainTextResponse("say op=replay|delete and a queue", 400)
     done = whole(str(form.get("done", "") or "0"), "done")
-    flt = inspect.DeadFilter(queue=queue, task=str(form.get("task", "")) or None,
+    flt = queries.DeadFilter(queue=queue, task=str(form.get("task", "")) or None,
                              error=str(form.get("error", "")) or None)
     bulk = form.get("all") == "1"
     ids = _matching(app, flt, op) if bulk else [str(i) for i in form.getlist("id")][:BATCH]
@@ -201,9 +201,9 @@ def _dead_action(d: Dashboard, request: Request, form: Any) -> Response:
                     flt={"task": flt.task or "", "error": flt.error or ""})
 
 
-def _matching(app: Any, flt: inspect.DeadFilter, op: str) -> list[str]:
+def _matching(app: Any, flt: queries.DeadFilter, op: str) -> list[str]:
     """Up to one batch of the dead jobs the filter matches (a malformed one cannot be replayed)."""
-    return [j.id for j in inspect.dead_jobs(app.broker, flt, BATCH) if not j.malformed or op == "delete"]
+    return [j.id for j in queries.dead_jobs(app.broker, flt, BATCH) if not j.malformed or op == "delete"]
 
 
 def _apply(app: Any, op: str, queue: str, ids: list[str]) -> int:

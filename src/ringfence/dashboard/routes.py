@@ -14,7 +14,7 @@ from ringfence import jobs
 from ringfence.dashboard import actions, search, views
 from ringfence.dashboard.page import BadInput, Dashboard, seconds, whole
 from ringfence.dashboard.security import Guard
-from ringfence.inspect import queue_gauges
+from ringfence.queries import queue_gauges
 from ringfence.redis.admin import STATES
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ringfence.dashboard.charts import buckets, line_chart, minute_labels
 from ringfence.dashboard.tasks import history, task_rows
-from ringfence.inspect import queue_gauges
+from ringfence.queries import queue_gauges
 from ringfence.redis.keys import logical_queue
 
 if TYPE_CHECKING:
@@ -139,11 +139,11 @@ def whereabouts(app: App, job: Any) -> dict[str, Any]:
 
 
 def servers(app: App) -> list[dict[str, Any]]:
-    from ringfence import inspect
+    from ringfence import queries
 
     now = app.broker.clock() / 1000
     out = []
-    for s in inspect.servers(app.broker):
+    for s in queries.servers(app.broker):
         out.append({**s, "running_n": len(s.get("running", [])), "beat_age_s": round(now - s.get("heartbeat", now), 1),
                     "up_s": int(now - s.get("started", now))})
     return out
@@ -153,13 +153,13 @@ def fences(app: App) -> dict[str, Any]:
     store = app.fence_store_in_use()
     if store is None:
         return {"store": False, "counts": {}, "in_doubt": [], "errors": {}, "requests": {}}
-    from ringfence import inspect
+    from ringfence import queries
     from ringfence.fence.reads import state_counts
 
     rows = store.list_steps(state="in_doubt", limit=200)
     errors = {}  # the owner's dead-letter error: what its last attempt saw (evidence for the person resolving)
     for owner in {r.owner_job_id for r in rows if r.owner_job_id}:
-        dead = inspect.find_dead(app.broker, owner)
+        dead = queries.find_dead(app.broker, owner)
         if dead is not None:
             errors[owner] = dead.error
     requests = {(r.subject, r.step): _decoded(r.request) for r in rows if r.request is not None}

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ringfence.doctor import fences, outbox, queues, topology, workers, workflows  # noqa: F401  (checks register on import)
 from ringfence.doctor.context import Context, Snapshot, Thresholds
 from ringfence.doctor.model import CHECKS, Finding, Report, Status
-from ringfence.inspect import queue_gauges
+from ringfence.queries import queue_gauges
 from ringfence.redis.topology import prepare_reads, silent_masters
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ringfence.inspect import queue_gauges
+from ringfence.queries import queue_gauges
 from ringfence.redis.broker import Broker
 from ringfence.redis.connection import UNAVAILABLE
 from ringfence.redis.topology import node_of

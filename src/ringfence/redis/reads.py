@@ -1,4 +1,4 @@
-"""The Broker's reads of job keys (for inspect, the doctor, metrics and the CLI), kept apart from the
+"""The Broker's reads of job keys (for queries.py, the doctor, metrics and the CLI), kept apart from the
 transitions in ``broker.py``. Every read survives records it cannot decode: readers show what they can.
 """
 
