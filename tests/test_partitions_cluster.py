@@ -109,7 +109,7 @@ def test_a_master_failing_over_mid_drain_loses_no_job_and_repeats_no_effect(
         app.fence_store.create_all()
         app.queue("hot", partitions=PARTS)
         app.task(name="fenced", queue="hot")(_fenced)
-        jobs = 600
+        jobs = 450
         app.enqueue_many("fenced", [{"n": n} for n in range(jobs)], durable=True)
         home = _node(app, app.broker.keys.queues)
         victim = next(n for n in (_node(app, app.broker.keys.queue(partition_name("hot", i, PARTS)).pending)
