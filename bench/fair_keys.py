@@ -31,7 +31,7 @@ from typing import Any
 import redis
 
 from ringfence.app import App
-from ringfence.inspect import queue_info
+from ringfence.queries import queue_info
 from ringfence.redis.embedded import EmbeddedRedis, free_port
 from ringfence.tasks import JobContext
 

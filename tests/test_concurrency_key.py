@@ -21,8 +21,8 @@ import pytest
 import redis
 
 from ringfence import App, ConfigError, PayloadError
-from ringfence.inspect import find_dead, queue_info
 from ringfence.models import JobSpec
+from ringfence.queries import find_dead, queue_info
 from support import FAST, WorkerProc, wait_until
 
 
