@@ -1,5 +1,5 @@
 """Script calls of the asyncio client (``Broker.arun``: the worker's fetch and ack) go over connections kept
-aside (redis/direct.py ``AsyncDirectCalls``): the connection rules of redis/connection.py still hold on them."""
+aside (redis/raw_calls.py ``AsyncDirectCalls``): the connection rules of redis/connection.py still hold on them."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import redis
 import redis.asyncio as aioredis
 import redis.asyncio.sentinel
 from redis._parsers import _AsyncRESP2Parser
+from ringfence.redis.raw_calls import AsyncDirectCalls
 
 from ringfence import App
 from ringfence.redis.connection import ConnectionSettings
-from ringfence.redis.direct import AsyncDirectCalls
 from ringfence.redis.embedded import EmbeddedRedis, free_port
 
 

@@ -1,4 +1,4 @@
-"""Script calls of the sync client (``Broker.run``) go over connections kept aside (redis/direct.py): the
+"""Script calls of the sync client (``Broker.run``) go over connections kept aside (redis/raw_calls.py): the
 connection rules of redis/connection.py still hold on them."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 import redis
 import redis.sentinel
 from redis._parsers import _RESP2Parser
+from ringfence.redis.raw_calls import DirectCalls
 
 from ringfence import App, CannotConnect
 from ringfence.redis.connection import ConnectionSettings
-from ringfence.redis.direct import DirectCalls
 from ringfence.redis.embedded import EmbeddedRedis, free_port
 from ringfence.redis.keys import split_entry
 

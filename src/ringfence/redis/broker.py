@@ -29,9 +29,9 @@ from ringfence.redis.connection import (
     not_permitted,
     url_clients,
 )
-from ringfence.redis.direct import AsyncDirectCalls, DirectCalls
 from ringfence.redis.keys import INLINE_MAX_BYTES, Keys
 from ringfence.redis.node_gate import NodeGate
+from ringfence.redis.raw_calls import AsyncDirectCalls, DirectCalls
 from ringfence.redis.reads import Reads
 from ringfence.redis.ready import ReadyEnqueue
 from ringfence.redis.scripts import PROBE, script
@@ -107,7 +107,7 @@ class Broker(Reads, Admin):
         self._sync: redis.Redis | None = None
         self._aio: aioredis.Redis | None = None
         self._direct: DirectCalls | None = None
-        self._direct_checked = False  # is the sync client a plain one (redis/direct.py)? asked once
+        self._direct_checked = False  # is the sync client a plain one (redis/raw_calls.py)? asked once
         self._adirect: AsyncDirectCalls | None = None
         self._adirect_checked = False  # the same for the asyncio client
         self.gate = NodeGate()  # a Cluster node that just failed a call is asked again once per DOWN_S
@@ -177,14 +177,14 @@ class Broker(Reads, Admin):
         return self._shebang
 
     def direct(self) -> DirectCalls | None:
-        """The sync client's kept connections (direct.py); None when it is not a plain client."""
+        """The sync client's kept connections (raw_calls.py); None when it is not a plain client."""
         if not self._direct_checked:
             self._direct = DirectCalls(self.sync) if DirectCalls.usable(self.sync) else None
             self._direct_checked = True
         return self._direct
 
     def adirect(self) -> AsyncDirectCalls | None:
-        """The asyncio client's kept connections (direct.py); None when it is not a plain client."""
+        """The asyncio client's kept connections (raw_calls.py); None when it is not a plain client."""
         if not self._adirect_checked:
             self._adirect = AsyncDirectCalls(self.aio) if AsyncDirectCalls.usable(self.aio) else None
             self._adirect_checked = True

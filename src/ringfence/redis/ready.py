@@ -4,7 +4,7 @@ an inline-sized spec, sent as ``enqueue_ready.lua`` with its command bytes packe
 ``Broker.enqueue`` + ``Broker.run`` do the same for any batch; per call they build the arguments and a ``Call``,
 look the script up and pack ~10 arguments. Here only the time and the job are packed per call (the command's
 head, with the script's SHA and the queue's key names, is built once per queue), on the broker's kept
-connections (``direct.py``, whose retry rules apply). Errors are those of ``Broker.run``.
+connections (``raw_calls.py``, whose retry rules apply). Errors are those of ``Broker.run``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import redis
 from redis.exceptions import NoPermissionError, NoScriptError, OutOfMemoryError
 
 from ringfence.redis.connection import UNAVAILABLE, Health, full_error, not_permitted
-from ringfence.redis.direct import DirectCalls, pack
 from ringfence.redis.keys import QueueKeys
+from ringfence.redis.raw_calls import DirectCalls, pack
 from ringfence.redis.scripts import script
 
 

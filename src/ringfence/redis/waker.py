@@ -13,8 +13,8 @@ import redis
 
 from ringfence.models import Fetched
 from ringfence.redis.broker import Broker
-from ringfence.redis.direct import told
 from ringfence.redis.keys import QueueKeys
+from ringfence.redis.raw_calls import told
 from ringfence.redis.shards import RETRY_S, ShardReaders
 
 BARRIER_S = 5.0  # the longest a re-subscribed worker waits for its PING's reply before it checks its leases
