@@ -13,11 +13,11 @@ import redis
 import redis.asyncio as aioredis
 import redis.asyncio.sentinel
 from redis._parsers import _AsyncRESP2Parser
-from ringfence.redis.raw_calls import AsyncDirectCalls
 
 from ringfence import App
 from ringfence.redis.connection import ConnectionSettings
 from ringfence.redis.embedded import EmbeddedRedis, free_port
+from ringfence.redis.raw_calls import AsyncDirectCalls
 
 
 def _app(url: str, **settings: float) -> App:

@@ -11,12 +11,12 @@ import pytest
 import redis
 import redis.sentinel
 from redis._parsers import _RESP2Parser
-from ringfence.redis.raw_calls import DirectCalls
 
 from ringfence import App, CannotConnect
 from ringfence.redis.connection import ConnectionSettings
 from ringfence.redis.embedded import EmbeddedRedis, free_port
 from ringfence.redis.keys import split_entry
+from ringfence.redis.raw_calls import DirectCalls
 
 
 def _app(url: str, **settings: float) -> App:
