@@ -214,7 +214,7 @@ def mysql_wire_trace() -> Iterator[list[str]]:
 @contextmanager
 def pg_wire_trace(engine: Any, *more: Any) -> Iterator[list[str]]:
     """libpq's protocol trace of every connection checked out of ``engine`` (and ``more``: engines, or kept
-    driver connections, ``direct.Direct``, traced while a statement has one) inside the block.
+    driver connections, ``kept_connections.Direct``, traced while a statement has one) inside the block.
 
     Yields a list filled at exit with one line per round trip: the statement(s) the client sent before
     the server's ``ReadyForQuery``. Needs psycopg 3 (``pgconn.trace``)."""

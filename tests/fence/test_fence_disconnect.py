@@ -8,7 +8,7 @@ Either way the write runs again on a fresh connection and the protocol ends wher
 the kill: a repeated INSERT or conditional UPDATE that finds its own earlier write counts it as done.
 Only connections this test's engine opened are killed. Every case runs on a store given an Engine (SQLAlchemy's
 execution path, hooked by its ``before_cursor_execute`` event) and on a store built from the URL, whose single
-statements go out on driver connections it keeps (``fence/direct.py``, hooked by its ``hooks``).
+statements go out on driver connections it keeps (``fence/kept_connections.py``, hooked by its ``hooks``).
 """
 
 from __future__ import annotations

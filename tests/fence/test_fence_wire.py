@@ -256,7 +256,7 @@ def test_the_kept_driver_connections_are_closed_with_the_store_engine(url_store:
 def test_more_statements_at_once_than_a_pool_holds_never_wait(url_store: FenceStore, subject: str) -> None:
     """The kept connections stay checked out of their engine: 20 statements at once (more than 5 + 10) each get a
     connection at once, at most MAX_IDLE stay kept afterwards, and the store's reads still get theirs."""
-    from ringfence.fence.direct import MAX_IDLE
+    from ringfence.fence.kept_connections import MAX_IDLE
 
     direct = url_store.direct
     assert direct is not None

@@ -3,8 +3,8 @@ the loop.
 
 A store built from a ``postgresql+psycopg://`` URL opens psycopg ``AsyncConnection``s to the same URL (its connect
 arguments as SQLAlchemy reads them from the URL) the first time an ``async with`` fence runs, bound to that event
-loop, and keeps them between statements (``direct.AsyncDirect``): a worker has one loop, so every async fence of
-the process uses them. On any other loop, or with another driver, the fence keeps running its store
+loop, and keeps them between statements (``kept_connections.AsyncDirect``): a worker has one loop, so every
+async fence of the process uses them. On any other loop, or with another driver, the fence keeps running its store
 calls in a thread (``asyncio.to_thread``). Only the happy path is here (capture or read, calling,
 record, complete, release); the rerun rules that need more (a takeover, the in-doubt rules) run the blocking
 code in a thread, once.
@@ -25,7 +25,7 @@ from sqlalchemy.engine import make_url
 
 from ..faults import fault_point
 from .dbretry import aretrying
-from .direct import AConn, AsyncDirect
+from .kept_connections import AConn, AsyncDirect
 from .model import COMPLETABLE, FenceRow, FenceState, Owner, StateText, provider_key
 from .rows import fenced_out as _fenced_out
 from .rows import row_of as _row

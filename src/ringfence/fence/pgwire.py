@@ -11,7 +11,7 @@ would cut at a NUL, returns ``None`` from :func:`values` and the caller uses psy
 the connection's own loaders (psycopg's ``Transformer``), so they are what the cursor returned.
 
 Errors are psycopg's: a failed statement raises the error psycopg builds from the server's answer, a dead
-socket the ``OperationalError`` libpq reports, so ``direct.py`` wraps them as it wraps the cursor's.
+socket the ``OperationalError`` libpq reports, so ``kept_connections.py`` wraps them as it wraps the cursor's.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from ..faults import fault_point
 from . import complete as _complete
 from .astore import AsyncFence, async_url
 from .dbretry import DEFAULT_RETRY, DbRetry, make_engine, retrying, skip_idle_ends, watch_disconnects
-from .direct import Direct
+from .kept_connections import Direct
 from .model import COMPLETABLE, FenceRow, FenceState, Owner, StateText, provider_key
 from .rows import fenced_out as _fenced_out
 from .rows import row_of as _row
@@ -86,8 +86,8 @@ class FenceStore:
             self._writes_in_autocommit = True
             event.listen(self.engine, "engine_disposed", lambda _engine: self.auto.dispose())
         # A store built from a psycopg / PyMySQL URL sends its prebuilt single statements on driver connections it
-        # keeps (direct.py): SQLAlchemy's execution path cost more CPU than the statements. An Engine passed in
-        # keeps SQLAlchemy's path (its events, its pool), as does SQLite.
+        # keeps (kept_connections.py): SQLAlchemy's execution path cost more CPU than the statements. An Engine
+        # passed in keeps SQLAlchemy's path (its events, its pool), as does SQLite.
         self.direct: Direct | None = None
         if isinstance(engine_or_url, str) and self.engine.dialect.driver in ("psycopg", "pymysql"):
             opener = self.auto if self.auto is not self.engine and not self._pg else make_engine(
@@ -137,7 +137,7 @@ class FenceStore:
 
     def _write_statement(self, what: str, fn: Callable[[Any, bool], T]) -> T:
         """Like :meth:`_write`, for ``fn`` that writes with ONE statement (atomic alone): on a kept driver connection
-        where the store has them (``direct.py``), else in autocommit where cheap."""
+        where the store has them (``kept_connections.py``), else in autocommit where cheap."""
         direct = self.direct
         if direct is not None:
             return retrying(self.retry, lambda retried: direct.run(lambda conn: fn(conn, retried)), what)
