@@ -123,8 +123,9 @@ def test_unique_and_debounce_keys_hold_across_partitions(hot: App) -> None:
     debounced = hot.resolve("spread").with_options(debounce_s=60, debounce_key="d")
     one = debounced.enqueue(n=1)
     assert [debounced.enqueue(n=k) for k in range(2, 10)] == [one] * 8
-    held = [p for p in _pending(hot) if hot.broker.sync.zcard(hot.broker.keys.queue(p).scheduled)]
-    assert len(held) == 2 or len(set(held)) == 1  # both scheduled jobs (unique is pending), each in one partition
+    scheduled = {p: hot.broker.sync.zcard(hot.broker.keys.queue(p).scheduled) for p in _pending(hot)}
+    assert sorted(scheduled.values()) == [0] * (PARTS - 1) + [1]  # the one debounced job
+    assert sum(_pending(hot).values()) == 1  # the one unique job
 
 
 def test_workers_drain_every_partition_and_a_deep_one_starves_none(
