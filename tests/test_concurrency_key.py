@@ -82,8 +82,9 @@ def test_a_key_that_cannot_be_built_is_refused_at_enqueue(make_app: Callable[...
     keyed = keyed_task(app)
     with pytest.raises(PayloadError, match=r"concurrency_key 'region:\{region\}' cannot be built.*region"):
         optional.enqueue()
-    with pytest.raises(PayloadError, match="without quotes"):
-        keyed.enqueue(account='a"b', n=1)
+    for bad in ('a"b', "a\\b", "a\nb", "a" * 200):
+        with pytest.raises(PayloadError, match="without quotes or backslashes"):
+            keyed.enqueue(account=bad, n=1)
     assert queue_info(app.broker, "default")["pending"] == 0
 
 
@@ -193,6 +194,21 @@ def test_at_most_n_jobs_of_a_key_run_at_once(make_app: Callable[..., App], spawn
     peaks = {key: int(rdb.get(f"{namespace}:test:peak:{key}") or 0) for key in ("a", "b", "c")}
     assert peaks == {"a": 2, "b": 2, "c": 2}, peaks
     assert queue_info(app.broker, "default")["processed"] == 24
+
+
+def test_the_heartbeat_keeps_a_long_jobs_slot(make_app: Callable[..., App],
+                                              spawn_worker: Callable[..., WorkerProc], namespace: str) -> None:
+    """Jobs running longer than a lease (2 s here) keep their key's slot: the next job of the key waits."""
+    app = make_app()
+    task = keyed_task(app, limit=1)
+    rdb = app.broker.sync
+    for i in range(2):
+        task.enqueue(account="a", n=i, sleep_s=FAST.lease_s * 1.75)
+    key_worker(spawn_worker, "--concurrency", "4", limit=1)
+    wait_until(lambda: done(rdb, namespace) == 2, timeout=30)
+    assert int(rdb.get(f"{namespace}:test:peak:a") or 0) == 1
+    first, second = starts(rdb, namespace)
+    assert second[2] - first[2] >= FAST.lease_s * 1.75
 
 
 def test_a_sigkilled_workers_slot_comes_back_when_its_lease_lapses(
