@@ -380,7 +380,20 @@ def test_a_worker_serves_the_partitions_of_a_queue_it_names(hot: App) -> None:
 
     w = Worker(hot, [("hot", 2), ("low", 1)], max_wait={"hot": 5.0})
     parts = [partition_name("hot", i, PARTS) for i in range(PARTS)]
-    assert w.queues == [(p, 2) for p in parts] + [("low", 1)]
-    assert w.processor.fetcher.max_wait == dict.fromkeys(parts, 5.0)
+    assert w.queues == [(p, 2) for p in parts] + [("hot", 2), ("low", 1)]
+    assert w.processor.fetcher.max_wait == dict.fromkeys([*parts, "hot"], 5.0)
     with pytest.raises(ConfigError, match="does not serve: hot~0of4"):
         Worker(hot, [("hot", 1)], max_wait={"hot~0of4": 5.0})
+
+
+def test_jobs_of_a_producer_not_told_of_the_partitions_still_run(
+        make_app: Callable[..., App], workers: Callable[..., subprocess.Popen[bytes]], rdb: redis.Redis,
+        namespace: str) -> None:
+    """A producer without ``app.queue("hot", partitions=N)`` enqueues into queue "hot" itself: a worker serving
+    the partitioned queue fetches from it too."""
+    plain = make_app()
+    plain.task(name="spread", queue="hot")(_spread)
+    plain.enqueue_many("spread", [{"n": n} for n in range(10)])
+    workers("--concurrency", "4")
+    wait_until(lambda: len(_runs(rdb, namespace)) >= 10)
+    assert {r[2] for r in _runs(rdb, namespace)} == {"hot"}

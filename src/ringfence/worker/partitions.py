@@ -12,11 +12,13 @@ from ringfence.worker.outcomes import weighted_order
 
 
 def expand(queues: list[tuple[str, int]], partitions: Mapping[str, int]) -> list[tuple[str, int]]:
-    """``queues`` with each partitioned one replaced by its partitions, each at the queue's weight."""
+    """``queues`` with each partitioned one replaced by its partitions, each at the queue's weight, and the
+    queue itself last: a producer that was not told of the partitions enqueues there, and its jobs must run."""
     out: list[tuple[str, int]] = []
     for queue, weight in queues:
         n = partitions.get(queue, 1)
-        out += [(partition_name(queue, i, n), weight) for i in range(n)] if n > 1 else [(queue, weight)]
+        out += [(partition_name(queue, i, n), weight) for i in range(n)] if n > 1 else []
+        out.append((queue, weight))
     return out
 
 
