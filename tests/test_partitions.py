@@ -397,3 +397,15 @@ def test_jobs_of_a_producer_not_told_of_the_partitions_still_run(
     workers("--concurrency", "4")
     wait_until(lambda: len(_runs(rdb, namespace)) >= 10)
     assert {r[2] for r in _runs(rdb, namespace)} == {"hot"}
+
+
+def test_the_doctor_names_partitions_no_worker_serves(hot: App, redis_url: str, namespace: str) -> None:
+    """A worker not told of the partitions lists only "hot": the doctor names each partition holding jobs."""
+    from ringfence.doctor import Thresholds, diagnose
+    from test_doctor import fake_server
+
+    hot.enqueue_many("spread", [{"n": n} for n in range(8)])
+    fake_server(redis_url, namespace, {"hot": 1})
+    report = diagnose(hot, Thresholds(sample_s=0.2))
+    unserved = sorted(f.subject for f in report.findings if f.check == "queue_unserved")
+    assert unserved == [partition_name("hot", i, PARTS) for i in range(PARTS)]
