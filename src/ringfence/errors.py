@@ -30,7 +30,9 @@
         ├── FenceBusy          another live run owns the key
         ├── InDoubt            the effect may have happened and cannot be resolved automatically
         ├── SettleOnly         a settling run (attempts used up by orphaned runs) may not start an effect
-        └── ReconcileTimeout   the reconcile hook did not answer within its bound
+        ├── ReconcileTimeout   the reconcile hook did not answer within its bound
+        └── FenceStoreError    the fence database failed (down, or refused a statement): the driver's error is
+                               the __cause__; a job that raises it is retried like any failed attempt
 
 This module imports nothing of ours.
 """
@@ -181,6 +183,12 @@ class SettleOnly(FenceError):
 
 class ReconcileTimeout(FenceError):
     """A ``reconcile`` hook did not answer within its ``reconcile_timeout_s``; the step stays as it was."""
+
+
+class FenceStoreError(FenceError):
+    """The fence database failed one of a fence's own statements: it cannot be reached, or it refused the
+    statement (a permission denied). The driver's error (SQLAlchemy's ``DBAPIError``) is the ``__cause__``. In a
+    worker the job is retried as after any other error; the step keeps its row, and the rerun's rules apply."""
 
 
 class BadRedisUrl(CannotConnect, ConfigError):

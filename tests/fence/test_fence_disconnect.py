@@ -26,7 +26,7 @@ from fence_helpers import Backend, OwnerFactory, Provider
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from ringfence.errors import InDoubt
+from ringfence.errors import FenceStoreError, InDoubt
 from ringfence.fence import NOT_HAPPENED, Fences, FenceState, FenceStore, Owner
 from ringfence.fence.dbretry import is_disconnect, make_engine
 from support import DATABASES, async_url
@@ -339,7 +339,8 @@ def test_release_survives_a_kill(backend: Backend, rig: Any, subject: str, make_
 
 def test_retries_are_bounded_then_the_error_surfaces(backend: Backend, rig: Any, subject: str,
                                                      make_owner: OwnerFactory) -> None:
-    """A database that stays gone: the write gives up after its budget and raises the driver's error."""
+    """A database that stays gone: the write gives up after its budget and raises FenceStoreError, the driver's
+    error as its cause."""
     from ringfence.fence.dbretry import DbRetry
 
     store, killer = rig
@@ -359,9 +360,10 @@ def test_retries_are_bounded_then_the_error_surfaces(backend: Backend, rig: Any,
     sa.event.listen(store.engine, "before_cursor_execute", kill_every_write)
     if store.direct is not None:
         store.direct.hooks.append(kill_every_direct_write)
-    with pytest.raises(sa.exc.DBAPIError) as err, Fences(store, make_owner()).open(subject, "charge"):
+    with pytest.raises(FenceStoreError) as err, Fences(store, make_owner()).open(subject, "charge"):
         pass
-    assert err.value.connection_invalidated and len(kills) == 3
+    cause = err.value.__cause__
+    assert isinstance(cause, DBAPIError) and cause.connection_invalidated and len(kills) == 3
     sa.event.remove(store.engine, "before_cursor_execute", kill_every_write)
     assert store.get(subject, "charge") is None
 

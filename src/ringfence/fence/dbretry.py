@@ -27,7 +27,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
-from ..errors import ConfigError
+from ..errors import ConfigError, FenceStoreError
 
 log = logging.getLogger("ringfence.fence")
 T = TypeVar("T")
@@ -83,7 +83,16 @@ def is_disconnect(exc: BaseException) -> bool:
 
 def is_transient(exc: BaseException) -> bool:
     """Did the database not answer (a dead connection, a refused connect, a lock timeout)? Worth trying later."""
+    if isinstance(exc, FenceStoreError) and exc.__cause__ is not None:
+        exc = exc.__cause__
     return is_disconnect(exc) or isinstance(exc, OperationalError | InterfaceError)
+
+
+def store_error(exc: DBAPIError, where: str) -> FenceStoreError:
+    """``exc`` as ringfence's own error, naming ``where`` and the driver's words (raise it ``from exc``)."""
+    orig = exc.orig if isinstance(exc.orig, BaseException) else exc
+    words = (str(orig).strip().splitlines() or [""])[0]
+    return FenceStoreError(f"{where}: the fence database failed: {type(orig).__name__}: {words}")
 
 
 def retrying(policy: DbRetry, attempt: Callable[[bool], T], what: str = "database call") -> T:

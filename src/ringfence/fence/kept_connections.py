@@ -194,7 +194,7 @@ class Direct(_Kept):
         try:
             conn = self._idle.pop()
         except IndexError:
-            conn = Conn(self, self.engine.raw_connection())  # SQLAlchemy raises its own errors here
+            conn = self._open()
         for tap in self.on_take:
             tap(conn.raw)
         try:
@@ -207,6 +207,15 @@ class Direct(_Kept):
             raise
         self._give(conn, True)  # its statements ran in autocommit: nothing is open
         return out
+
+    def _open(self) -> Conn:
+        try:
+            return Conn(self, self.engine.raw_connection())
+        except Exception as exc:  # the pool hands out the driver's own connect error: raised as SQLAlchemy's
+            out = self.error(None, exc, None, None)
+            if out is exc:
+                raise
+            raise out from exc
 
     def _forked(self) -> None:
         self._inherited.extend(self._idle)

@@ -146,11 +146,11 @@ class Wire:
             yield _READ
 
     def _answer(self, results: list[pq.abc.PGresult], form: PgForm, first: bool) -> pq.abc.PGresult:
+        if first and results and results[0].status == pq.ExecStatus.COMMAND_OK:
+            self.prepared.add(form.name)  # Parse went through, even if the execution then failed (a permission)
         for r in results:
             if r.status not in _OK:
                 raise errors.error_from_result(r, encoding="utf-8")
-        if first:
-            self.prepared.add(form.name)
         return results[-1]
 
     def rows(self, res: Any, names: list[str] | None) -> tuple[list[str] | None, list[Any] | None]:

@@ -10,7 +10,8 @@
             await conn.execute(orders.update().values(charge_id=charge_id))
 
 The same object works with plain ``with`` in sync handlers. The rules a rerun follows
-(takeover, in doubt, busy, conflict) are in ``docs/fences.md``.
+(takeover, in doubt, busy, conflict) are in ``docs/fences.md``. A fence database that fails one of the fence's
+own statements raises ``FenceStoreError``, the driver's error as its ``__cause__``.
 """
 
 from __future__ import annotations
@@ -21,17 +22,21 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, ClassVar, Final, Protocol
+from typing import Any, ClassVar, Final, Protocol, TypeVar
 
-from ..errors import ConfigError, ReconcileTimeout
+from sqlalchemy.exc import DBAPIError
+
+from ..errors import ConfigError, FenceStoreError, ReconcileTimeout
 from ..offloop import HOP, call_off_loop
 from .core import RECONCILE, Core, NotHappened
+from .dbretry import store_error
 from .model import FenceBackend, Owner
 
 __all__ = ["NOT_HAPPENED", "AsyncStep", "FenceContext", "Fences", "Owner", "Step", "StepOptions", "Tracing"]
 
 #: What a ``reconcile`` hook returns when the provider has no record of the key: calling again is safe.
 NOT_HAPPENED: Final = NotHappened()
+T = TypeVar("T")
 
 ReconcileAnswer = str | None | NotHappened
 Reconcile = Callable[[str, Any], ReconcileAnswer | Awaitable[ReconcileAnswer]]
@@ -138,18 +143,18 @@ class FenceContext:
 
     def _enter(self) -> Step:
         core = self._core
-        if core.enter() is RECONCILE:
+        if _stored(core, core.enter) is RECONCILE:
             answer = core.opts.reconcile(core.key, core.request) if core.opts.reconcile else None
             if inspect.isawaitable(answer):
                 _close(answer)
                 raise TypeError("reconcile returned an awaitable: use `async with` for async hooks")
-            core.apply_reconcile(answer)
+            _stored(core, core.apply_reconcile, answer)
         return Step(core)
 
     def __exit__(self, et: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         try:
-            self._core.exit(exc)
+            _stored(self._core, self._core.exit, exc)
         finally:
             self._end(exc)
 
@@ -166,13 +171,16 @@ class FenceContext:
         # The store's statements run on the loop where it has an async engine (astore.py); otherwise they are
         # blocking I/O and run in a thread.
         self._astore = _async_store(core.store)
-        if self._astore is not None:
-            decided = await core.aenter(self._astore)
-        else:
-            decided = await asyncio.to_thread(core.enter)
+        try:
+            if self._astore is not None:
+                decided = await core.aenter(self._astore)
+            else:
+                decided = await asyncio.to_thread(core.enter)
+        except DBAPIError as exc:
+            raise _failed(core, exc) from exc
         if decided is RECONCILE:
             answer = await _bounded_hook(core)
-            await asyncio.to_thread(core.apply_reconcile, answer)
+            await asyncio.to_thread(_stored, core, core.apply_reconcile, answer)
         return AsyncStep(core, self._astore)
 
     async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None,
@@ -186,10 +194,13 @@ class FenceContext:
         core = self._core
         if core.settled():  # nothing left to write: no thread hop
             return
-        if self._astore is not None:
-            await core.aexit(self._astore, exc)
-        else:
-            await asyncio.to_thread(core.exit, exc)
+        try:
+            if self._astore is not None:
+                await core.aexit(self._astore, exc)
+            else:
+                await asyncio.to_thread(core.exit, exc)
+        except DBAPIError as err:
+            raise _failed(core, err) from err
 
 
 class _StepView:
@@ -245,14 +256,15 @@ class Step(_StepView):
         ``request`` (default: the step's params) is stored before the call; ``reference``
         extracts the reference from ``fn``'s return value (default: the value itself).
         """
-        stored = self._core.begin_effect(request)
+        core = self._core
+        stored = _stored(core, core.begin_effect, request)
         if stored is not None:
             return stored
         value = fn()
         if _awaitable(value):
             _close(value)
             raise TypeError("effect(fn): fn returned an awaitable in a sync step; use `async with`")
-        return self._core.finish_effect(value, reference)
+        return _stored(core, core.finish_effect, value, reference)
 
     def complete(self, db: Any, result: Any = None) -> AbstractContextManager[Any]:
         """One transaction on ``db``: the fence's completion plus the writes made in the block.
@@ -277,15 +289,18 @@ class AsyncStep(_StepView):
         """Async :meth:`Step.effect`; ``fn`` may be sync or return an awaitable."""
         core, a = self._core, self._astore
         if inspect.iscoroutinefunction(fn):  # calling and the record on the loop where the store can
-            stored = await (core.abegin_effect(a, request) if a is not None
-                            else asyncio.to_thread(core.begin_effect, request))
+            try:
+                stored = await (core.abegin_effect(a, request) if a is not None
+                                else asyncio.to_thread(core.begin_effect, request))
+            except DBAPIError as exc:
+                raise _failed(core, exc) from exc
             if stored is not None:
                 return stored
             value = await fn()
         else:
             # A sync fn runs in a thread anyway: calling, the call and the record share that one hop (the sync
-            # statements cost less CPU than the async ones; a stored reference needs no hop at all). offloop.py:
-            # half the CPU of asyncio.to_thread's hop.
+            # statements cost less CPU than the async ones; a stored reference needs no hop at all). hop.py: half
+            # the CPU of asyncio.to_thread's hop.
             stored = core.plan_effect(request)[0] if a is not None else None
             if stored is not None:
                 return stored
@@ -295,9 +310,12 @@ class AsyncStep(_StepView):
             if not _awaitable(value):
                 return str(value)  # recorded in the thread: value is the reference
             value = await value
-        if a is not None:
-            return await core.afinish_effect(a, value, reference)
-        return await asyncio.to_thread(core.finish_effect, value, reference)
+        try:
+            if a is not None:
+                return await core.afinish_effect(a, value, reference)
+            return await asyncio.to_thread(core.finish_effect, value, reference)
+        except DBAPIError as exc:
+            raise _failed(core, exc) from exc
 
     def complete(self, db: Any, result: Any = None) -> AbstractAsyncContextManager[Any]:
         """Async :meth:`Step.complete` for AsyncEngine, AsyncConnection or AsyncSession.
@@ -321,20 +339,36 @@ class _Completing:
         self.core, self.inner = core, inner
 
     def __enter__(self) -> Any:
-        return self.inner.__enter__()
+        try:
+            return self.inner.__enter__()
+        except DBAPIError as exc:
+            raise _failed(self.core, exc) from exc
 
     def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
-        suppressed = bool(self.inner.__exit__(et, exc, tb))
+        try:
+            suppressed = bool(self.inner.__exit__(et, exc, tb))
+        except DBAPIError as err:
+            if err is exc:  # the block's own error, passed through
+                raise
+            raise _failed(self.core, err) from err
         if et is None or suppressed:
             self.core.completed = True
         return suppressed
 
     async def __aenter__(self) -> Any:
-        return await self.inner.__aenter__()
+        try:
+            return await self.inner.__aenter__()
+        except DBAPIError as exc:
+            raise _failed(self.core, exc) from exc
 
     async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> bool:
-        suppressed = bool(await self.inner.__aexit__(et, exc, tb))
+        try:
+            suppressed = bool(await self.inner.__aexit__(et, exc, tb))
+        except DBAPIError as err:
+            if err is exc:
+                raise
+            raise _failed(self.core, err) from err
         if et is None or suppressed:
             self.core.completed = True
         return suppressed
@@ -350,13 +384,26 @@ def _sync_effect(core: Core, fn: Callable[[], Any], request: Any,
                  reference: Callable[[Any], Any] | None) -> tuple[str | None, Any]:
     """In a thread: commit calling, call ``fn``, record its reference. Returns (stored reference, None) when one
     was recorded before, (None, awaitable) when ``fn`` returned one (the loop awaits it), else (None, reference)."""
-    stored = core.begin_effect(request)
+    stored = _stored(core, core.begin_effect, request)
     if stored is not None:
         return stored, None
     value = fn()
     if _awaitable(value):
         return None, value
-    return None, core.finish_effect(value, reference)
+    return None, _stored(core, core.finish_effect, value, reference)
+
+
+def _stored(core: Core, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, one of the fence's own database steps: a database that fails it raises FenceStoreError
+    (the handler's ``fn`` and the caller's block are never inside: their errors stay theirs)."""
+    try:
+        return fn(*args)
+    except DBAPIError as exc:
+        raise _failed(core, exc) from exc
+
+
+def _failed(core: Core, exc: DBAPIError) -> FenceStoreError:
+    return store_error(exc, f"fence {core.subject!r}/{core.step!r}")
 
 
 async def _bounded_hook(core: Core) -> Any:
