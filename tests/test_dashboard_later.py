@@ -73,6 +73,28 @@ def test_run_now_one_scheduled_and_one_retrying_job_a_worker_runs_them(app: App,
                timeout=10)  # its second attempt ran now, not in an hour (and failed again)
 
 
+def test_the_job_page_of_a_scheduled_or_retrying_job_runs_it_now(app: App) -> None:
+    b = app.broker
+    k = b.keys.queue("default")
+    scheduled, other = app.enqueue_many("quick", [{"n": 1}, {"n": 2}], delay_s=3600)
+    client, _ = logged_in(app)
+    for job_id, key in ((scheduled, k.scheduled), (other, k.scheduled)):
+        if job_id == other:  # the same form on a retrying job
+            b.sync.zrem(k.scheduled, other)
+            b.sync.zadd(k.retry, {other: b.clock() + 3_600_000})
+            key = k.retry
+        page = client.get(f"/jobs?id={job_id}").text
+        form = re.search(r'<form method="post" action="/actions/later" class="inline" id="run-now-form">(.*?)</form>',
+                         page, re.S)
+        assert form is not None and ">Run now</button>" in form[1]
+        done = client.post("/actions/later", data=dict(re.findall(r'name="([^"]+)" value="([^"]*)"', form[1])))
+        assert done.status_code == 200 and 'data-done="1"' in done.text
+        assert (b.sync.zscore(key, job_id) or 0) <= b.clock()  # due now: the next promotion queues it
+    assert b.sync.zscore(k.scheduled, scheduled) is not None and b.sync.zscore(k.retry, other) is not None
+    pending = app.enqueue("quick", n=3)
+    assert "run-now-form" not in client.get(f"/jobs?id={pending}").text
+
+
 def test_bulk_run_now_with_a_filter_in_batches_leaves_the_rest(app: App) -> None:
     b = app.broker
     quick = app.enqueue_many("quick", [{"n": i} for i in range(1200)], delay_s=3600)
