@@ -143,6 +143,7 @@ def test_fetch_takes_keys_in_turn_and_parks_a_key_at_its_limit(make_app: Callabl
 
     got = b.run(b.fetch("default", 3, deadline, "t1"))
     assert [names[j[0]] for j in got] == ["a0", "b0", "c0"]  # one job per key per turn, not a's six first
+    assert queue_info(b, "default")["pending"] == 7  # the jobs in the keys' lists count as pending
     got = b.run(b.fetch("default", 10, deadline, "t2"))
     assert [names[j[0]] for j in got] == ["a1", "b1", "c1"]  # then a is at its limit: parked, b and c go on
     pfx = b.keys.keyed("default")
@@ -152,6 +153,7 @@ def test_fetch_takes_keys_in_turn_and_parks_a_key_at_its_limit(make_app: Callabl
     assert sorted(r.zrange(pfx + "s:account:a", 0, -1)) == sorted([ids["a0"].encode(), ids["a1"].encode()])
     assert r.llen(pfx + "q:account:a") == 4
     assert b.run(b.fetch("default", 10, deadline, "t3")) == []
+    assert queue_info(b, "default")["pending"] == 4
 
     assert b.run(b.release_key_slots("default", [("account:a", ids["a0"])])) == 1
     assert r.zrange(pfx + "parked", 0, -1) == []

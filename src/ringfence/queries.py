@@ -22,7 +22,8 @@ def queue_gauges(broker: Broker, queue: str) -> dict[str, Any]:
     latency = 0.0
     if c["oldest_enqueued_ms"] is not None:
         latency = max(0.0, (broker.clock() - c["oldest_enqueued_ms"]) / 1000)
-    return {"queue": queue, "pending": c["pending"], "active": c["active"], "scheduled": c["scheduled"],
+    pending = c["pending"] + c["stats"].get("keyed_waiting", 0)  # jobs in their concurrency keys' lists count
+    return {"queue": queue, "pending": pending, "active": c["active"], "scheduled": c["scheduled"],
             "retry": c["retry"], "dead": c["dead"], "paused": c["paused"], "latency_s": round(latency, 3),
             "stats": c["stats"]}
 

@@ -22,9 +22,12 @@ local function entry_key(spec)
 end
 
 -- Sort pending entries into their keys' lists: sorted[key] holds the key's entries in queue order (order: the
--- keys as first seen); a key joins the ring when its list was empty.
-local function sort(pfx, order, sorted, limits)
+-- keys as first seen); a key joins the ring when its list was empty. The queue's stats count them in
+-- 'keyed_waiting' (queries.py adds them to pending).
+local function sort(pfx, stats, order, sorted, limits)
+  local total = 0
   for _, key in ipairs(order) do
+    total = total + #sorted[key]
     if limits[key] then redis.call('HSET', pfx .. 'limit', key, limits[key]) end
     local entries, list = sorted[key], pfx .. 'q:' .. key
     local n = 0
@@ -33,11 +36,12 @@ local function sort(pfx, order, sorted, limits)
     end
     if n == #entries then redis.call('LPUSH', pfx .. 'ring', key) end
   end
+  if total > 0 then redis.call('HINCRBY', stats, 'keyed_waiting', total) end
 end
 
 -- Lease up to want jobs taking the ring's keys in turn (lease(entry, slots) leases one, returns 1 if it did).
 -- A key at its limit is parked until its earliest slot ends or a release brings it back.
-local function take_turns(pfx, want, now, lease)
+local function take_turns(pfx, stats, want, now, lease)
   local ring, parked = pfx .. 'ring', pfx .. 'parked'
   local due = redis.call('ZRANGEBYSCORE', parked, '-inf', now, 'LIMIT', 0, 100)
   for _, key in ipairs(due) do
@@ -45,7 +49,7 @@ local function take_turns(pfx, want, now, lease)
     redis.call('LPUSH', ring, key)
   end
   local known = {}  -- key -> {limit, slots held, slots key}, read once per call
-  local got, steps = 0, want + 1000  -- bounds one call's work when many keys are parked at once
+  local got, taken, steps = 0, 0, want + 1000  -- steps bound one call's work when many keys are parked at once
   while got < want and steps > 0 do
     steps = steps - 1
     local key = redis.call('RPOP', ring)
@@ -65,6 +69,7 @@ local function take_turns(pfx, want, now, lease)
     if not k.limit or k.held < k.limit then
       local entry = redis.call('RPOP', list)
       if entry then
+        taken = taken + 1
         local n = lease(entry, k.slots)
         got, k.held = got + n, k.held + n
       end
@@ -74,4 +79,5 @@ local function take_turns(pfx, want, now, lease)
       redis.call('ZADD', parked, first[2], key)
     end
   end
+  if taken > 0 then redis.call('HINCRBY', stats, 'keyed_waiting', -taken) end
 end

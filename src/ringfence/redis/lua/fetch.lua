@@ -7,7 +7,8 @@
 -- KEYS[5] attempts  hash  id -> attempts started
 -- KEYS[6] paused    string, exists while paused
 -- KEYS[7] stats     hash  counters ('dangling': queued ids that had no record; 'duplicates': second copies of an
---                         inline job, from an enqueue retried after its reply was lost)
+--                         inline job, from an enqueue retried after its reply was lost; 'keyed_waiting': jobs in
+--                         the concurrency keys' lists)
 -- KEYS[8] idle      zset  worker -> sleeping-until ms (only read with ARGV[4])
 -- ARGV[1] lease deadline ms
 -- ARGV[2] max jobs
@@ -114,7 +115,7 @@ local function take(n)
       lease(entry, nil)
     end
   end
-  sort(pfx, order, sorted, limits)
+  sort(pfx, KEYS[7], order, sorted, limits)
   return #entries
 end
 local batch = math.max(max, 1000)
@@ -130,7 +131,7 @@ if keyed then
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
-  take_turns(pfx, max - #out / 3, now, lease)
+  take_turns(pfx, KEYS[7], max - #out / 3, now, lease)
   empty = empty and redis.call('LLEN', pfx .. 'ring') == 0
 end
 if duplicates > 0 then redis.call('HINCRBY', KEYS[7], 'duplicates', duplicates) end
