@@ -45,4 +45,18 @@ def test_overview_flags_in_doubt_steps_and_cards_show_the_request(make_app: Any,
         card = re.search(rf'<article class="doubt" data-step="order:{order}/charge">(.*?)</article>', fences, re.S)[1]
         shown = json.loads(html.unescape(re.search(r'<dd class="request"><code>(.*?)</code>', card)[1]))
         assert shown == {"amount": 1250 + order, "currency": "EUR", "card_number": "[redacted]"}
+        row = store.get(f"order:{order}", "charge")
+        assert row is not None and row.updated_at is not None
+        since = re.search(r'<dd class="since">(.*?)</dd>', card)[1]  # to the second, as the job page's times
+        assert since == row.updated_at.strftime("%Y-%m-%d %H:%M:%S"), since
     assert "4111" not in fences
+
+
+def test_a_fence_time_with_its_zone_is_shown_in_utc() -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from ringfence.dashboard.page import _stamp
+
+    assert _stamp(datetime(2026, 1, 2, 3, 4, 5, 678, tzinfo=timezone(timedelta(hours=2)))) == "2026-01-02 01:04:05 UTC"
+    assert _stamp(datetime(2026, 1, 2, 3, 4, 5, 678)) == "2026-01-02 03:04:05"  # no zone: none claimed
+    assert _stamp(None) == "-"

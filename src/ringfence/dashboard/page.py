@@ -35,6 +35,7 @@ class Dashboard:
         self.env.filters["ago"] = _ago
         self.env.filters["secs"] = _secs
         self.env.filters["utc"] = _utc
+        self.env.filters["stamp"] = _stamp
         self.env.filters["until"] = _in
         self.env.filters["q"] = lambda v: quote(str(v), safe="")  # one URL path segment or query value
         self._flash_key = secrets.token_bytes(32)
@@ -81,6 +82,16 @@ def _utc(ms: float) -> str:
     if not ms:
         return "-"
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _stamp(when: datetime | None) -> str:
+    """A fence row's time as the database gave it, to the second: in UTC when it carries its zone (PostgreSQL);
+    SQLite's and MariaDB's carry none, so no zone is claimed for them."""
+    if when is None:
+        return "-"
+    if when.tzinfo is not None:
+        return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return when.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _in(ms: float, now_ms: float) -> str:
