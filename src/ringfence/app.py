@@ -157,6 +157,16 @@ class App:
         self._runtime = runtime
 
     @property
+    def built_runtime(self) -> Runtime | None:
+        """The runtime if one was built or set, else None: reading it builds nothing (no connection)."""
+        return self._runtime
+
+    @built_runtime.setter
+    def built_runtime(self, runtime: Runtime | None) -> None:
+        """Put back what :attr:`built_runtime` returned (None: the next use builds a new runtime)."""
+        self._runtime = runtime
+
+    @property
     def redis_url(self) -> str:
         return self.runtime.redis_url
 

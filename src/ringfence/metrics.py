@@ -204,6 +204,13 @@ class Metrics:
             now = {key: (failed.get(key, 0), tuple(t.duration)) for key, t in self._tallies.items()}
         return self._minutes.update(now, int((time.time() if now_s is None else now_s) // 60))
 
+    def histogram(self, which: str) -> list[tuple[tuple[str, str], list[int], float]]:
+        """Per (task, queue): the bucket counts of ``which`` ("duration" or "latency") and their sum, copied
+        under the lock (what a scrape of the job histograms reads)."""
+        total = f"{which}_sum"
+        with self._lock:
+            return [(key, list(getattr(t, which)), getattr(t, total)) for key, t in self._tallies.items()]
+
     # -- exposition -------------------------------------------------------------------------------
     def add_queue_gauges(self, broker: Broker) -> None:
         """Also expose the namespace's queue gauges, read from Redis at each scrape."""
@@ -268,10 +275,7 @@ class _HistogramCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self.name, self.doc, labels=["task", "queue"])
-        which, total = self.which, f"{self.which}_sum"
-        with self.metrics._lock:
-            held = [(key, list(getattr(t, which)), getattr(t, total)) for key, t in self.metrics._tallies.items()]
-        for (task, queue), counts, sum_value in held:
+        for (task, queue), counts, sum_value in self.metrics.histogram(self.which):
             family.add_metric([task, queue], list(zip(self.les, itertools.accumulate(counts), strict=True)), sum_value)
         yield family
 

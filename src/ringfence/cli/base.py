@@ -50,11 +50,11 @@ class Group(click.Group):
             return super().invoke(ctx)
         except RingfenceError as exc:
             app = ctx.meta.get("ringfence.app")
-            lost = isinstance(exc, CannotConnect) or cannot_connect(exc, getattr(app, "_redis_url", None))
+            lost = isinstance(exc, CannotConnect) or cannot_connect(exc, getattr(app, "declared_redis_url", None))
             self._fail(ctx, f"error: {exc}", 3 if lost else 2)
         except Exception as exc:
             app = ctx.meta.get("ringfence.app")
-            line = cannot_connect(exc, getattr(app, "_redis_url", None))
+            line = cannot_connect(exc, getattr(app, "declared_redis_url", None))
             if line is not None:
                 self._fail(ctx, f"error: {line}", 3)
             found = _database_trouble(exc, getattr(app, "fence_url", None))

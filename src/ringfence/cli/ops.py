@@ -86,7 +86,7 @@ def info(app: App, as_json: bool) -> None:
 def _short_timeouts(app: App) -> None:
     """On a Cluster a node that hangs costs every read of it the socket timeout, on each retry: ``info`` waits
     ``NODE_TIMEOUT_S`` per node, not the workers' timeouts."""
-    if "+cluster://" not in (app.declared_redis_url or "") or app._runtime is not None:
+    if "+cluster://" not in (app.declared_redis_url or "") or app.built_runtime is not None:
         return
     s = app.redis_settings
     app.redis_settings = dataclasses.replace(s, connect_timeout_s=min(s.connect_timeout_s, NODE_TIMEOUT_S),

@@ -19,7 +19,7 @@ def step_rows(store: FenceStore, step: str, batch: int = 1000) -> Iterator[Fence
     t = store.table
     last = 0
     while True:
-        q = store._select().where(t.c.step == step, t.c.id > last).order_by(t.c.id).limit(batch)
+        q = store.row_select().where(t.c.step == step, t.c.id > last).order_by(t.c.id).limit(batch)
         with store.engine.connect() as conn:
             rows = list(conn.execute(q).mappings())
         if not rows:
@@ -47,7 +47,7 @@ def table_records(store: FenceStore, table: str, columns: list[str | None]) -> I
 def owner_rows(store: FenceStore, job_id: str, limit: int = 50) -> list[FenceRow]:
     """Fence rows whose owner is (or last was) job ``job_id``, latest first."""
     t = store.table
-    q = store._select().where(t.c.owner_job_id == job_id).order_by(t.c.updated_at.desc()).limit(limit)
+    q = store.row_select().where(t.c.owner_job_id == job_id).order_by(t.c.updated_at.desc()).limit(limit)
     with store.engine.connect() as conn:
         return [_row(m) for m in conn.execute(q).mappings()]
 

@@ -166,7 +166,8 @@ class FenceStore:
 
     # --- reads ------------------------------------------------------------------------------
 
-    def _select(self) -> Any:
+    def row_select(self) -> Any:
+        """SELECT of every column and ``lease_live`` (the database clock decides): what a FenceRow is read from."""
         t = self.table
         live = case((t.c.lease_until > db_now(), 1), else_=0).label("lease_live")
         return select(*t.c, live)
@@ -187,7 +188,7 @@ class FenceStore:
     def list_steps(self, *, state: FenceState | str | None = None, subject: str | None = None,
                    limit: int = 100) -> builtins.list[FenceRow]:
         """Fences, most recently changed first, filtered by state and/or subject."""
-        q = self._select().order_by(self.table.c.updated_at.desc()).limit(limit)
+        q = self.row_select().order_by(self.table.c.updated_at.desc()).limit(limit)
         if state is not None:
             q = q.where(self.table.c.state == str(state))
         if subject is not None:
@@ -452,7 +453,7 @@ class FenceStore:
         t = self.table
         states = (*_PAST_CAPTURE, FenceState.IN_DOUBT.value) if in_doubt else _PAST_CAPTURE
         states = (*states, FenceState.CLAIMED.value) if claimed else states
-        q = self._select().where(t.c.state.in_(states), t.c.owner_job_id == job_id).order_by(t.c.id)
+        q = self.row_select().where(t.c.state.in_(states), t.c.owner_job_id == job_id).order_by(t.c.id)
         try:
             return self._read(lambda conn: [_row(m) for m in conn.execute(q).mappings()])
         except Exception as exc:

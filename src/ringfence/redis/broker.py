@@ -170,10 +170,12 @@ class Broker(Reads, Admin):
             if pool is not None:
                 await pool.disconnect()
 
-    def supports_flags(self) -> bool:
-        """Does the server take script flags (Redis 7+)? Probed once."""
+    def supports_flags(self, node: Any = None) -> bool:
+        """Does the server take script flags (Redis 7+)? Probed once, on ``node`` (a Cluster node's client) when
+        given, else through the client."""
         if self._shebang is None:
-            self._shebang = _compiles(lambda: self.sync.eval(PROBE, 0))
+            on = self.sync if node is None else node
+            self._shebang = _compiles(lambda: on.eval(PROBE, 0))
         return self._shebang
 
     def direct(self) -> DirectCalls | None:

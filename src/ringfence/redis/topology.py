@@ -10,8 +10,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ringfence.redis.broker import Broker, _compiles
-from ringfence.redis.scripts import PROBE, script
+from ringfence.redis.broker import Broker
+from ringfence.redis.scripts import script
 
 
 @dataclass(frozen=True)
@@ -152,10 +152,9 @@ def prepare_reads(broker: Broker, scripts: tuple[str, ...], silent: dict[str, st
 def _prepare(broker: Broker, conn: Any, scripts: tuple[str, ...]) -> None:
     if not broker.server_clock.measured:
         broker.server_clock.measure(conn)
-    if broker._shebang is None:
-        broker._shebang = _compiles(lambda: conn.eval(PROBE, 0))
+    flags = broker.supports_flags(conn)
     for name in scripts:
-        conn.script_load(script(name).for_server(broker._shebang, True)[0])
+        conn.script_load(script(name).for_server(flags, True)[0])
 
 
 def _client(like: Any, address: str, timeout_s: float = 2.0) -> redis.Redis:

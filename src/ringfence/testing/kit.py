@@ -67,7 +67,7 @@ class TestWorker:
         runtime = Runtime(app, broker=Broker(redis_url, app.namespace, clock=clock, connection=app.redis_settings))
         runtime.fence_url = app.fence_url or fence_url
         self.runtime = runtime
-        self._before = app._runtime
+        self._before = app.built_runtime
         app.runtime = runtime  # the test's enqueues and the worker's jobs both use it
         self.queues = app.registry.queues() or ["default"]
         self._dead_seen: set[tuple[str, str]] = set()
@@ -223,4 +223,4 @@ class TestWorker:
         if isinstance(self._relay, Relay):
             self._relay.store.engine.dispose()
         self.runtime.close()
-        self.app._runtime = self._before
+        self.app.built_runtime = self._before
