@@ -94,7 +94,7 @@ def _check_rows(report: ReconcileReport, rows: dict[str, FenceRow], now: datetim
         if done and not row.reference:
             report.without_reference.append({"subject": row.subject, "state": str(row.state), "epoch": row.epoch})
         if row.state == FenceState.IN_DOUBT:
-            age = _age_s(now, row.updated_at)
+            age = age_s(now, row.updated_at)
             if age >= older_s:
                 report.stale_in_doubt.append({"subject": row.subject, "age_s": round(age, 1),
                                               "provider_key": row.provider_key, "request": row.request})
@@ -152,7 +152,7 @@ def _check_effects(report: ReconcileReport, rows: dict[str, FenceRow], effects: 
                 report.missing_at_provider.append({"subject": row.subject, "reference": row.reference})
 
 
-def _age_s(now: datetime, then: datetime | None) -> float:
+def age_s(now: datetime, then: datetime | None) -> float:
     if then is None:
         return 0.0
     if (now.tzinfo is None) != (then.tzinfo is None):  # SQLite gives naive UTC times, others aware ones

@@ -162,7 +162,7 @@ def queue() -> None:
     """Pause or resume a queue (a paused queue keeps its jobs)."""
 
 
-def _known_queue(app: App, name: str) -> str:
+def known_queue(app: App, name: str) -> str:
     """Refuse a malformed name or a queue this namespace has never used (a typo would pause nothing)."""
     check_name("queue", name)
     known = {logical_queue(q) for q in app.broker.queues()} | set(app.registry.queues())
@@ -174,7 +174,7 @@ def _known_queue(app: App, name: str) -> str:
 
 def queues_named(app: App, name: str) -> list[str]:
     """The queues NAME stands for: a partitioned queue's partitions (declared, or found in Redis), else NAME."""
-    _known_queue(app, name)
+    known_queue(app, name)
     n = app.partitions.get(name)
     parts = {partition_name(name, i, n) for i in range(n)} if n else set()
     parts |= {q for q in app.broker.queues() if q != name and logical_queue(q) == name}

@@ -49,7 +49,7 @@ def in_doubt(ctx: Context) -> Iterator[Finding]:
     if not ctx.app.fence_url:
         yield Finding("in_doubt", Status.SKIPPED, symptom="no fence database configured (fence_url)")
         return
-    from ringfence.reconcile import _age_s
+    from ringfence.reconcile import age_s
 
     try:
         rows = _rows(ctx, ("in_doubt",))
@@ -59,7 +59,7 @@ def in_doubt(ctx: Context) -> Iterator[Finding]:
     if not rows:
         return
     now = ctx.app.fence_store.db_now()
-    ages = sorted((_age_s(now, r.updated_at) for r in rows), reverse=True)
+    ages = sorted((age_s(now, r.updated_at) for r in rows), reverse=True)
     old = [a for a in ages if a >= ctx.thresholds.in_doubt_older_than_s]
     if not old:
         return

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from ringfence.doctor.context import Context
 from ringfence.doctor.model import Finding, Status, check
-from ringfence.redis.call import _str
+from ringfence.redis.call import as_text
 
 SCAN_LIMIT = 10_000  # workflow hashes read per run: the check stays bounded on a namespace with many
 
@@ -43,6 +43,6 @@ def _unfinished(ctx: Context) -> list[str]:
             read += 1
             if read > SCAN_LIMIT:
                 return out
-            if _str(b.sync.hget(key, "state") or b"") in ("running", "failed"):
-                out.append(_str(key)[len(prefix):])
+            if as_text(b.sync.hget(key, "state") or b"") in ("running", "failed"):
+                out.append(as_text(key)[len(prefix):])
     return out

@@ -34,11 +34,11 @@ T = TypeVar("T")
 
 # PostgreSQL SQLSTATEs that mean "this connection is gone": class 08 (connection exception) and the
 # operator-intervention codes (pg_terminate_backend, a shutdown, a server not accepting connections yet).
-_PG_GONE = ("08", "57P01", "57P02", "57P03")
+PG_GONE = ("08", "57P01", "57P02", "57P03")
 # libpq's and psycopg's own words for a socket that was closed (no SQLSTATE: the client noticed). Unflagged,
 # "connection socket closed" left the connection to a ROLLBACK that psycopg refuses ("another command is already
 # in progress"), and the write was not retried.
-_PG_GONE_TEXT = ("server closed the connection unexpectedly", "consuming input failed", "connection is lost",
+PG_GONE_TEXT = ("server closed the connection unexpectedly", "consuming input failed", "connection is lost",
                  "connection socket closed")
 
 
@@ -156,8 +156,8 @@ def _flag_gone(ctx: ExceptionContext) -> None:
         return
     exc = ctx.original_exception
     state = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
-    if (isinstance(state, str) and state.startswith(_PG_GONE)) or (
-            ctx.dialect.name == "postgresql" and any(text in str(exc) for text in _PG_GONE_TEXT)):
+    if (isinstance(state, str) and state.startswith(PG_GONE)) or (
+            ctx.dialect.name == "postgresql" and any(text in str(exc) for text in PG_GONE_TEXT)):
         ctx.is_disconnect = True
 
 

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from .dbretry import _PG_GONE, _PG_GONE_TEXT, told
+from .dbretry import PG_GONE, PG_GONE_TEXT, told
 from .pgwire import MISSING, PgForm, Wire, pg_form, values
 
 T = TypeVar("T")
@@ -408,5 +408,5 @@ def _gone(dialect: Any, exc: BaseException, raw: Any) -> bool:
     if getattr(raw, "broken", False) or getattr(raw, "closed", False) is True:
         return True
     state = getattr(exc, "sqlstate", None)
-    return bool(isinstance(state, str) and state.startswith(_PG_GONE)) or (
-        dialect.name == "postgresql" and any(t in str(exc) for t in _PG_GONE_TEXT))
+    return bool(isinstance(state, str) and state.startswith(PG_GONE)) or (
+        dialect.name == "postgresql" and any(t in str(exc) for t in PG_GONE_TEXT))

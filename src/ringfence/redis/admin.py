@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from ringfence.redis.call import Call, _str
+from ringfence.redis.call import Call, as_text
 from ringfence.redis.keys import Keys, QueueKeys, split_entry
 from ringfence.redis.reads import find_entry
 
@@ -54,7 +54,7 @@ class Admin:
         k = self.keys.queue(queue)
         return Call("cancel", [k.pending, k.scheduled, k.retry, k.active, k.lease, k.jobs, k.attempts, k.history,
                                k.dead, k.dead_jobs, k.stats, k.waiters, k.waiting],
-                    [job_id, self.clock(), orjson.dumps(dead_fields) if dead_fields else "", inline_entry], _str)
+                    [job_id, self.clock(), orjson.dumps(dead_fields) if dead_fields else "", inline_entry], as_text)
 
     def purge(self, queue: str, limit: int) -> Call[int]:
         """Delete up to ``limit`` pending jobs, oldest first."""
@@ -123,7 +123,7 @@ class Admin:
             raw = self.sync.zrevrange(key, offset, offset + count - 1, withscores=True)
         else:
             raw = self.sync.zrange(key, offset, offset + count - 1, withscores=True)
-        return [(_str(pair[0]), float(pair[1])) for pair in raw]
+        return [(as_text(pair[0]), float(pair[1])) for pair in raw]
 
     def page_specs(self, queue: str, state: str, offset: int, count: int) -> list[tuple[str, bytes | None]]:
         """(id, spec) of one page of a state other than dead (as ``page``); inline pending specs come with
@@ -151,4 +151,4 @@ class Admin:
         """The per-minute history the workers keep for a day: ``p<minute>`` processed, ``f<minute>`` failed
         attempts, ``l<minute>`` the largest latency sample (ms)."""
         raw: dict[Any, Any] = self.sync.hgetall(self.keys.queue(queue).minutes)
-        return {_str(key): int(v) for key, v in raw.items()}
+        return {as_text(key): int(v) for key, v in raw.items()}

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError, NoScriptError, OutOfMemoryError
 
 from ringfence.redis.admin import Admin
-from ringfence.redis.call import Call, _ids, _str
+from ringfence.redis.call import Call, as_text, as_texts
 from ringfence.redis.clock import ServerClock
 from ringfence.redis.connect import check_url
 from ringfence.redis.connection import (
@@ -56,7 +56,7 @@ def _enqueued(raw: Any) -> list[bool | str]:
 def _fetched(raw: Any) -> list[tuple[str, bytes, int]]:
     """(id, spec, attempt) per job; attempt 0 marks a dangling id (queued without a record: dropped, counted)."""
     raw = raw or []
-    return [(_str(raw[i]), raw[i + 1], int(raw[i + 2])) for i in range(0, len(raw), 3)]
+    return [(as_text(raw[i]), raw[i + 1], int(raw[i + 2])) for i in range(0, len(raw), 3)]
 
 
 def _shown(script_name: str) -> str:
@@ -307,7 +307,7 @@ class Broker(Reads, Admin):
         holding ``key`` whose spec and/or run-at this call replaced (lua/debounce.lua)."""
         k = self.keys.queue(queue)
         return Call("debounce", [k.jobs, k.scheduled, k.stats, k.debounce, k.debounce_at],
-                    [self.clock(), *job, key, max_wait_ms, replace], lambda raw: (_str(raw[0]), bool(raw[1])))
+                    [self.clock(), *job, key, max_wait_ms, replace], lambda raw: (as_text(raw[0]), bool(raw[1])))
 
     def cron(self, queue: str, name: str, ticks: Iterable[tuple[int, str, bytes]], skip_to_ms: int = 0
              ) -> Call[list[int]]:
@@ -348,7 +348,7 @@ class Broker(Reads, Admin):
                 "recent_failures": failures, "transitions": [t.decode() for t in transitions]}
 
     def dependencies(self) -> list[str]:
-        return sorted(_ids(self.sync.smembers(self.keys.dependencies)))
+        return sorted(as_texts(self.sync.smembers(self.keys.dependencies)))
 
     async def aregister_dependencies(self, names: Iterable[str]) -> None:
         names = list(names)
@@ -410,13 +410,13 @@ class Broker(Reads, Admin):
         """leases: (id, token, new deadline ms). Parses to the ids this worker lost."""
         k = self.keys.queue(queue)
         args: list[Any] = [x for lease in leases for x in lease]
-        return Call("extend", [k.active, k.lease], args, _ids)
+        return Call("extend", [k.active, k.lease], args, as_texts)
 
     def ack(self, queue: str, done: Iterable[tuple[str, str]]) -> Call[list[str]]:
         k = self.keys.queue(queue)
         args = [self.clock(), k.wake, *(x for pair in done for x in pair)]
         return Call("ack", [k.active, k.lease, k.jobs, k.attempts, k.history, k.stats, k.minutes, k.waiters,
-                            k.waiting, k.pending, k.idle], args, _ids)
+                            k.waiting, k.pending, k.idle], args, as_texts)
 
     def ack_lost(self, queue: str, worker: str, sent: Iterable[tuple[str, str, bytes, int]]
                  ) -> Call[tuple[list[str], list[str]]]:
@@ -427,7 +427,7 @@ class Broker(Reads, Admin):
         for job_id, token, raw, finished_ms in sent:
             args += [job_id, token, job_id.encode() + raw, finished_ms]
         return Call("ack_lost", [k.lease, k.jobs, k.pending, k.attempts, k.history, k.stats], args,
-                    lambda raw: (_ids(raw[0]), _ids(raw[1])))
+                    lambda raw: (as_texts(raw[0]), as_texts(raw[1])))
 
     def retry(self, queue: str, job_id: str, token: str, at_ms: int, entry: dict[str, Any]) -> Call[bool]:
         k = self.keys.queue(queue)
@@ -445,7 +445,7 @@ class Broker(Reads, Admin):
         but the tokens it ``held``), their attempt not counted: hand_back_lost.lua says when that is safe."""
         k = self.keys.queue(queue)
         return Call("hand_back_lost", [k.active, k.lease, k.attempts, k.pending, k.stats, k.idle],
-                    [f"{worker}.p", self.clock(), k.wake, *held], _ids)
+                    [f"{worker}.p", self.clock(), k.wake, *held], as_texts)
 
     def dead(self, queue: str, job_id: str, token: str, entry: dict[str, Any],
              fields: dict[str, Any], durable: bool = False, step: tuple[str, int, bytes] | None = None
@@ -468,7 +468,7 @@ class Broker(Reads, Admin):
     def recover(self, queue: str, limit: int = 500) -> Call[list[str]]:
         k = self.keys.queue(queue)
         return Call("recover", [k.active, k.lease, k.pending, k.history, k.attempts, k.stats, k.idle],
-                    [self.clock(), limit, k.wake], _ids)
+                    [self.clock(), limit, k.wake], as_texts)
 
     def promote(self, queue: str, limit: int = 1000) -> Call[int]:
         k = self.keys.queue(queue)
@@ -477,7 +477,7 @@ class Broker(Reads, Admin):
     def replay(self, queue: str, ids: Iterable[str]) -> Call[list[str]]:
         k = self.keys.queue(queue)
         return Call("replay", [k.dead, k.dead_jobs, k.jobs, k.pending, k.attempts, k.history, k.idle, k.stats],
-                    [self.clock(), k.wake, *ids], _ids)
+                    [self.clock(), k.wake, *ids], as_texts)
 
     def delete_dead(self, queue: str, ids: Iterable[str] = (), older_than_ms: int | None = None,
                     limit: int = 10_000) -> Call[int]:
@@ -503,15 +503,15 @@ class Broker(Reads, Admin):
                 raise full_error(what, await self._anode_memory(self.keys.queues)) from exc
 
     def queues(self) -> list[str]:
-        return sorted(_ids(self.sync.smembers(self.keys.queues)))
+        return sorted(as_texts(self.sync.smembers(self.keys.queues)))
 
     async def claim_environment(self, environment: str) -> str:
         """Record the namespace's environment on first use; return the one recorded."""
-        return await self.arun(Call("claim_environment", [self.keys.meta], [environment], _str))
+        return await self.arun(Call("claim_environment", [self.keys.meta], [environment], as_text))
 
     def environment(self) -> str | None:
         found = self.sync.hget(self.keys.meta, "environment")
-        return _str(found) if found else None
+        return as_text(found) if found else None
 
     async def heartbeat_server(self, server_id: str, info: dict[str, Any], ttl_s: float) -> None:
         await self.arun(Call("heartbeat_server", [self.keys.servers, self.keys.server_info, self.keys.queues],
@@ -529,7 +529,7 @@ class Broker(Reads, Admin):
             await p.execute()
 
     def servers(self) -> list[dict[str, Any]]:
-        ids = _ids(self.sync.zrangebyscore(self.keys.servers, self.clock(), "+inf"))
+        ids = as_texts(self.sync.zrangebyscore(self.keys.servers, self.clock(), "+inf"))
         if not ids:
             return []
         raws = self.sync.hmget(self.keys.server_info, ids)

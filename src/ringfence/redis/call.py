@@ -15,11 +15,13 @@ class Call(NamedTuple, Generic[T]):  # a tuple: a third of a frozen dataclass's 
     parse: Callable[[Any], T]
 
 
-def _ids(raw: Any) -> list[str]:
+def as_texts(raw: Any) -> list[str]:
+    """A reply's items as str (bytes decoded)."""
     return [x.decode() if isinstance(x, bytes) else str(x) for x in raw or []]
 
 
-def _str(raw: Any) -> str:
+def as_text(raw: Any) -> str:
+    """A reply as str (bytes decoded)."""
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 

@@ -12,7 +12,7 @@ import orjson
 
 from ringfence.errors import BadRecord
 from ringfence.models import JobSpec
-from ringfence.redis.call import Call, _ids, _str
+from ringfence.redis.call import Call, as_text, as_texts
 from ringfence.redis.keys import Keys, split_entry
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ class Reads:
         oldest_ms = self._entry_enqueued_ms(queue, oldest) if oldest else None
         return {
             "pending": pending, "active": active, "scheduled": scheduled, "retry": retry, "dead": dead,
-            "stats": {_str(key): _int(v) for key, v in stats.items()},
+            "stats": {as_text(key): _int(v) for key, v in stats.items()},
             "paused": bool(paused),
             "oldest_enqueued_ms": oldest_ms,  # None: nothing pending, or its record is malformed
         }
@@ -178,7 +178,7 @@ class Reads:
     def dead_ids(self, queue: str, offset: int = 0, count: int = -1) -> list[str]:
         k = self.keys.queue(queue)
         end = -1 if count < 0 else offset + count - 1
-        return _ids(self.sync.zrevrange(k.dead, offset, end))
+        return as_texts(self.sync.zrevrange(k.dead, offset, end))
 
     def dead_records(self, queue: str, ids: Sequence[str]) -> list[tuple[str, bytes]]:
         """Stored dead records as bytes (decoded by ``DeadJob.decode``, which survives malformed ones)."""
@@ -200,11 +200,11 @@ class Reads:
 
     async def durable_owed(self, queue: str, before_ms: int, limit: int = 100) -> list[str]:
         """Dead jobs (died before ``before_ms``) whose failed_jobs row is still owed."""
-        return _ids(await self.aio.zrangebyscore(self.keys.queue(queue).durable, "-inf", before_ms, 0, limit))
+        return as_texts(await self.aio.zrangebyscore(self.keys.queue(queue).durable, "-inf", before_ms, 0, limit))
 
     def lease_token(self, queue: str, job_id: str) -> str | None:
         raw = self.sync.hget(self.keys.queue(queue).lease, job_id)
-        return _str(raw) if raw else None
+        return as_text(raw) if raw else None
 
     def queued_ids(self, ids: Iterable[str]) -> set[str]:
         """Which of ``ids`` are still jobs of some queue (pending, scheduled, retrying or running): not acked,

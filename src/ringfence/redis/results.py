@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ringfence.errors import BadRecord
 from ringfence.models import JobSpec
-from ringfence.redis.call import Call, _str
+from ringfence.redis.call import Call, as_text
 
 if TYPE_CHECKING:
     from ringfence.redis.broker import Broker
@@ -86,7 +86,7 @@ def current_run(broker: Broker, job_id: str) -> tuple[str, float] | None:
     """(queue, run) of the job with this id that is queued, scheduled, running or retrying (not dead), or None.
     The run is its spec's ``enqueued_ms``: a result record names the run that wrote it. One round trip for the
     queues, one for their jobs hashes (an id enqueued again may have gone to another queue)."""
-    queues = sorted(_str(q) for q in broker.sync.smembers(broker.keys.queues))
+    queues = sorted(as_text(q) for q in broker.sync.smembers(broker.keys.queues))
     if not queues:
         return None
     p = broker.sync.pipeline(transaction=False)
@@ -96,7 +96,7 @@ def current_run(broker: Broker, job_id: str) -> tuple[str, float] | None:
 
 
 async def acurrent_run(broker: Broker, job_id: str) -> tuple[str, float] | None:
-    queues = sorted(_str(q) for q in await broker.aio.smembers(broker.keys.queues))
+    queues = sorted(as_text(q) for q in await broker.aio.smembers(broker.keys.queues))
     if not queues:
         return None
     async with broker.aio.pipeline(transaction=False) as p:

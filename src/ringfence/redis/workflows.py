@@ -18,7 +18,7 @@ from typing import Any
 
 from ringfence.errors import ConfigError
 from ringfence.redis.broker import Broker
-from ringfence.redis.call import Call, _str
+from ringfence.redis.call import Call, as_text
 
 
 def start(b: Broker, queue: str, workflow_id: str, steps: int, fields: Sequence[tuple[str, str | bytes | int]]
@@ -48,7 +48,7 @@ def dead_keys(b: Broker, queue: str, workflow_id: str) -> list[str]:
 def cancel(b: Broker, queue: str, workflow_id: str) -> Call[list[str] | None]:
     """Cancel: no waiting step is queued any more. Parses to the job ids of the queued steps, None: no workflow."""
     def parse(raw: Any) -> list[str] | None:
-        return None if not int(raw[0]) else [_str(x) for x in raw[1:]]
+        return None if not int(raw[0]) else [as_text(x) for x in raw[1:]]
 
     return Call("wf_cancel", [b.keys.workflow(queue, workflow_id)], [], parse)
 
@@ -60,7 +60,7 @@ def read(b: Broker, queues: Sequence[str], workflow_id: str) -> tuple[str, dict[
         p.hgetall(b.keys.workflow(q, workflow_id))
     for q, found in zip(queues, p.execute(), strict=True):
         if found:
-            return q, {_str(f): _str(v) for f, v in found.items()}
+            return q, {as_text(f): as_text(v) for f, v in found.items()}
     return None
 
 
@@ -72,7 +72,7 @@ def depend(b: Broker, queue: str, job_id: str, spec: bytes, deps: Sequence[str])
     for dep in deps:
         args += [dep, b.inline_entry(queue, dep)]
     return Call("depend", [k.jobs, k.pending, k.dead, k.dead_jobs, k.stats, k.waiters, k.waiting, k.idle], args,
-                lambda raw: [_str(x) for x in raw])
+                lambda raw: [as_text(x) for x in raw])
 
 
 def check_deps(b: Broker, queue: str, deps: Sequence[str]) -> None:
@@ -89,4 +89,4 @@ def check_deps(b: Broker, queue: str, deps: Sequence[str]) -> None:
 def waits_for(b: Broker, queue: str, job_id: str) -> list[str]:
     """The dependencies a waiting job still waits for ([] when it waits for none)."""
     raw = b.sync.hget(b.keys.queue(queue).waiting, job_id)
-    return [] if raw is None else [x for x in _str(raw).split(",") if x]
+    return [] if raw is None else [x for x in as_text(raw).split(",") if x]

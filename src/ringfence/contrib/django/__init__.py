@@ -115,7 +115,7 @@ def fence_url(alias: str | None = None) -> str:
     return f"{driver}://{auth}{host}{port}/{quote(str(db['NAME']), safe='')}{query}"
 
 
-def _ensure_django() -> None:
+def ensure_django() -> None:
     """Set Django up when a process starts from ``ringfence worker --app ...`` rather than manage.py
     (handlers use the ORM). Inside Django's own start-up (an app's ready()) it is left alone."""
     import django
@@ -182,7 +182,7 @@ def make_app(**options: Any) -> DjangoApp:
     """A :class:`DjangoApp` configured from ``settings.RINGFENCE``: its Redis URL, namespace, environment and
     the Django database for the fence tables. ``options`` are passed to ``App`` as well
     (``worker=WorkerSettings(...)``, ``retry=...``, ...); a value given there wins over the setting."""
-    _ensure_django()
+    ensure_django()
     s = settings()
     options.setdefault("redis_url", s.redis_url)
     options.setdefault("namespace", s.namespace)

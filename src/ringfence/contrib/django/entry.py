@@ -17,14 +17,14 @@ def __getattr__(name: str) -> Any:
     if name == "app":
         from django.conf import settings
 
-        from ringfence.contrib.django import _ensure_django, get_app
+        from ringfence.contrib.django import ensure_django, get_app
 
         module = os.environ.get("DJANGO_SETTINGS_MODULE")
         if not settings.configured and not module:
             raise ConfigError(f"--app {__name__}:app needs DJANGO_SETTINGS_MODULE set to your settings module "
                               "(e.g. mysite.settings), or run the command as `manage.py ringfence ...`")
         try:
-            _ensure_django()
+            ensure_django()
         except ImportError as exc:
             raise ConfigError(f"--app {__name__}:app: cannot import DJANGO_SETTINGS_MODULE={module!r}: {exc}") from exc
         return get_app()
