@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-floor test-topology lint bench bench-peers chaos clean
+.PHONY: setup demo test test-floor test-topology lint bench bench-peers chaos chaos-workflows clean
 
 # The dev extra for tests and tools; the demo needs the package alone (embedded Redis, SQLite), so a fresh
 # clone's `make demo` installs only that, and a later `make test` adds the dev extra to the same venv.
@@ -63,6 +63,10 @@ bench: setup
 # Every fault at once against real workers (docs/chaos.md); e.g. CHAOS_ARGS="--db mariadb --orders 5000".
 chaos: setup
 	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
+
+# 1,000 workflows (3 fenced charges, a chord of 10, a fenced callback) under worker kills and a Redis restart.
+chaos-workflows: setup
+	$(BIN)/python -m bench.chaos_workflows --workflows 1000 --kill-every 3 --step-faults 0.001 $(CHAOS_ARGS)
 
 # ringfence beside other Redis job queues; every library (and the harness) gets its own venv under
 # bench/peers/.venvs on the first run. E.g. make bench-peers BENCH_ARGS="--quick --only rq,ringfence"
