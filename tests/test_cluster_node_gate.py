@@ -70,3 +70,35 @@ async def _scenario(app: App, cluster: Cluster) -> None:
     # each failed call reloaded the map and every call waited for it).
     assert answered >= 40, (failed, answered, reloads)
     assert failed >= 20 and reloads <= failed // 4, (failed, answered, reloads)
+
+
+class _Map:
+    """The slot map as the gate reads it (``get_node_from_key(key).name``): key -> node name."""
+
+    def __init__(self, nodes: dict[str, str]) -> None:
+        self.nodes = nodes
+
+    def get_node_from_key(self, key: str) -> object:
+        return type("Node", (), {"name": self.nodes[key]})()
+
+
+def test_a_failed_node_is_probed_once_per_window_and_forgotten_once_its_slots_moved() -> None:
+    from ringfence.redis.node_gate import NodeGate
+
+    gate, slots = NodeGate(), _Map({"a": "n1:1", "b": "n2:2"})
+    assert gate.check(slots, "a") is None  # nothing down: no lookup at all
+    gate.failed(slots, "a")
+    with pytest.raises(redis.ConnectionError, match="n1:1"):
+        gate.check(slots, "a")
+    assert gate.check(slots, "b") == "n2:2"  # another node's calls pass
+    time.sleep(DOWN_S + 0.05)
+    assert gate.check(slots, "a") == "n1:1"  # the probe
+    with pytest.raises(redis.ConnectionError):
+        gate.check(slots, "a")  # the others wait for its answer
+    gate.answered("n1:1")
+    assert gate.check(slots, "a") is None
+    gate.failed(slots, "a")
+    slots.nodes["a"] = "n3:3"  # a failover: the slot map names the promoted replica
+    time.sleep(2 * DOWN_S + 0.05)
+    assert gate.check(slots, "a") == "n3:3"
+    assert gate.down == {}  # the dead node's mark went with it: calls take the fast path again

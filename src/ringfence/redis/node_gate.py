@@ -31,9 +31,12 @@ class NodeGate:
         except Exception:  # the slot map is being reloaded: the call finds its node itself
             return None
         until = self.down.get(name)
-        if until is None:
-            return name
         now = time.monotonic()
+        if until is None:
+            # A node no key maps to any more (its slots moved to the promoted replica) is never probed again.
+            for stale in [n for n, t in self.down.items() if t < now - DOWN_S]:
+                del self.down[stale]
+            return name
         if now < until:
             raise redis.ConnectionError(f"Redis Cluster node {name} did not answer within the last {DOWN_S:g}s; "
                                         "asked again soon")
