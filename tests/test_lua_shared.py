@@ -19,3 +19,12 @@ def test_per_minute_is_written_once_and_joined_into_each_script_that_counts() ->
         source = script(name).source
         assert source.count("local function per_minute(") == 1, name
         assert source.index("local function per_minute(") < source.index("per_minute(KEYS"), name
+
+
+def test_the_breaker_transition_is_written_once_and_joined_into_both_breaker_scripts() -> None:
+    defining = sorted(f.name for f in LUA.iterdir() if f.name.endswith(".lua") and "function move(" in f.read_text())
+    assert defining == ["_breaker.lua"]
+    for name in ("breaker_allow", "breaker_record"):
+        source = script(name).source
+        assert source.count("local function move(") == 1, name
+        assert source.index("local function move(") < source.index("state = move(b, KEYS[2], state, "), name

@@ -7,16 +7,11 @@
 local now = tonumber(ARGV[1])
 local b = KEYS[1]
 local state = redis.call('HGET', b, 'state') or 'closed'
-local function move(to)
-  redis.call('HSET', b, 'state', to, 'changed_ms', now)
-  redis.call('LPUSH', KEYS[2], state .. '>' .. to .. '@' .. now)
-  redis.call('LTRIM', KEYS[2], 0, 49)
-  state = to
-end
+--@include breaker
 if state == 'open' then
   local open_until = tonumber(redis.call('HGET', b, 'open_until') or '0')
   if now < open_until then return {0, open_until - now, 'open'} end
-  move('half_open')
+  state = move(b, KEYS[2], state, 'half_open', now)
   redis.call('HSET', b, 'probe_until', now + tonumber(ARGV[3]))
   return {1, 0, 'half_open'}  -- this caller is the probe
 end

@@ -9,21 +9,16 @@
 local now = tonumber(ARGV[1])
 local b = KEYS[1]
 local state = redis.call('HGET', b, 'state') or 'closed'
-local function move(to)
-  redis.call('HSET', b, 'state', to, 'changed_ms', now)
-  redis.call('LPUSH', KEYS[2], state .. '>' .. to .. '@' .. now)
-  redis.call('LTRIM', KEYS[2], 0, 49)
-  state = to
-end
+--@include breaker
 if ARGV[2] == '1' then
   if state == 'half_open' then
-    move('closed')
+    state = move(b, KEYS[2], state, 'closed', now)
     redis.call('DEL', KEYS[3])
   end
   return state
 end
 if state == 'half_open' then
-  move('open')
+  state = move(b, KEYS[2], state, 'open', now)
   redis.call('HSET', b, 'open_until', now + tonumber(ARGV[5]))
   return state
 end
@@ -31,7 +26,7 @@ if state == 'closed' then
   redis.call('ZADD', KEYS[3], now, ARGV[6])
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[4]))
   if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[3]) then
-    move('open')
+    state = move(b, KEYS[2], state, 'open', now)
     redis.call('HSET', b, 'open_until', now + tonumber(ARGV[5]))
     redis.call('DEL', KEYS[3])
   end
