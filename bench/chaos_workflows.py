@@ -2,7 +2,8 @@
 
 Each workflow is a chain of three fenced charges, then a chord of ten members and a fenced callback. Two worker
 processes serve them while the driver SIGKILLs one of them at random (and starts it again) and SIGKILLs the
-private Redis once (it comes back from its AOF). The provider ignores idempotency keys, so only the fences keep a
+private Redis once (it comes back from its AOF; with ``--redis cluster``, the queue's master: its replica is
+promoted). The provider ignores idempotency keys, so only the fences keep a
 charge from happening twice; a charge in flight when its worker dies is settled by the reconcile hook. At the end
 the driver checks, per workflow: done (or failed, naming its steps), each fenced step charged once at the
 provider, the callback charged once, and every step's job enqueued once (the queue's ``enqueued`` counter).
@@ -33,6 +34,7 @@ from bench.chaos.stack import Stack, killpg, python_env
 from ringfence import App, RetryPolicy, chain, chord
 from ringfence.faults import WORKFLOW_POINTS
 from ringfence.fence import NOT_HAPPENED
+from ringfence.redis.keys import Keys
 from ringfence.settings import WorkerSettings
 from ringfence.tasks import JobContext
 from ringfence.testing import FakeProvider
@@ -115,6 +117,7 @@ class Run:
     chaos_s: float = 1e9  # no kill after this many seconds: the rest drains in calm
     db: str = POSTGRESQL  # the fence's database URL, or "sqlite" (a file of the run)
     timeout_s: float = 600.0
+    redis: str = "single"  # or "cluster": 3 masters with a replica each; the Redis fault is a master SIGKILL
     stats: dict[str, Any] = field(default_factory=dict)
 
 
@@ -137,7 +140,8 @@ class Driver:
         return self.stack.spawn(argv, env, f"worker-{slot}.log")
 
     def setup(self) -> App:
-        self.redis_url = self.stack.start_redis()
+        self.redis_url = self.stack.start_redis(self.run.redis)
+        self.stack.queue_key = Keys(self.ns).queue(QUEUE).jobs
         self.fence_url = self.run.db if self.run.db != "sqlite" else f"sqlite:///{self.stack.root}/fence.db"
         os.environ["WFCHAOS_PROVIDER_DB"] = self.stack.provider_db
         driver_app = make_app(self.redis_url, self.ns, self.fence_url)
@@ -190,7 +194,10 @@ class Driver:
                     next_kill = now + random.expovariate(1 / self.run.kill_every_s)
                 if restart_marks and processed >= restart_marks[0]:
                     restart_marks.pop(0)
-                    self.stack.restart_redis(hard=True)
+                    if self.run.redis == "cluster":
+                        self.stack.kill_master()
+                    else:
+                        self.stack.restart_redis(hard=True)
                     self.restarts += 1
                 self.supervise()
                 time.sleep(0.2)
@@ -272,7 +279,7 @@ def table(out: dict[str, Any]) -> str:
             ("charges in doubt after a kill: reconciled made / not made", "{} / {}".format(*out["reconciled"])),
             ("jobs orphaned (recovered after a kill)", out["orphaned"]), ("jobs dead", out["dead"]),
             ("workers SIGKILLed (driver / fault points)", f"{out['worker_kills']} / {out['fault_point_kills']}"),
-            ("Redis SIGKILLed and restarted (AOF)", out["redis_restarts"]),
+            ("Redis SIGKILLed (single: restarted from its AOF; cluster: the queue's master)", out["redis_restarts"]),
             ("seconds (from the first worker to the last workflow)", out["seconds"]),
             ("verdict", "ok" if out["ok"] else "FAILED")]
     width = max(len(r[0]) for r in rows)
@@ -289,13 +296,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis-restarts", type=int, default=1)
     p.add_argument("--step-faults", type=float, default=0.0,
                    help="probability of a SIGKILL at each step-ack fault point")
+    p.add_argument("--redis", choices=("single", "cluster"), default="single",
+                   help="cluster: 3 masters with a replica each; the Redis fault SIGKILLs the queue's master")
     p.add_argument("--db", choices=("postgresql", "sqlite"), default="postgresql", help="the fence's database")
     p.add_argument("--fence-url", default=POSTGRESQL, help="the PostgreSQL of --db postgresql")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--json", action="store_true", help="print the figures as JSON, not a table")
     a = p.parse_args(argv)
     out = Driver(Run(a.workflows, a.workers, a.concurrency, a.kill_every, a.redis_restarts, a.step_faults,
-                     a.chaos, a.fence_url if a.db == "postgresql" else "sqlite", a.timeout)).go()
+                     a.chaos, a.fence_url if a.db == "postgresql" else "sqlite", a.timeout, a.redis)).go()
     print(json.dumps(out) if a.json else table(out))
     return 0 if out["ok"] else 1
 
