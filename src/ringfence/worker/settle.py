@@ -6,7 +6,6 @@ confirmed by a replica (``WAIT``, redis/replicas.py) before its slot is free."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
@@ -17,6 +16,7 @@ from ringfence import results
 from ringfence.faults import fault_point
 from ringfence.logs import JobLogger, job_logger
 from ringfence.models import DeadJob, Fetched
+from ringfence.offloop import HOP
 from ringfence.redis.broker import Broker
 from ringfence.redis.call import Call
 from ringfence.redis.connection import UNAVAILABLE
@@ -114,7 +114,7 @@ class Settler:
     async def _confirm(self, r: Running, call: Call[T], what: str) -> tuple[T, bool]:
         """The write, then WAIT; one the replicas did not confirm in time is logged and counted (it is on the
         master: a failover before a replica has it loses it)."""
-        parsed, acked = await asyncio.to_thread(run_and_wait, self.broker, call, self.replicas, self.timeout_ms)
+        parsed, acked = await HOP.run(run_and_wait, self.broker, call, self.replicas, self.timeout_ms)
         if acked < self.replicas:
             await self._unconfirmed(r, what, acked)
         return parsed, acked >= self.replicas
