@@ -95,6 +95,27 @@ def test_the_job_page_of_a_scheduled_or_retrying_job_runs_it_now(app: App) -> No
     assert "run-now-form" not in client.get(f"/jobs?id={pending}").text
 
 
+def test_the_scheduled_and_retry_pages_say_when_each_job_is_due(app: App) -> None:
+    from ringfence.dashboard.page import _utc
+
+    b = app.broker
+    k = b.keys.queue("default")
+    soon, later = app.enqueue_many("quick", [{"n": 1}, {"n": 2}], delay_s=600)
+    b.sync.zadd(k.scheduled, {later: b.clock() + 7_200_000})
+    b.sync.zrem(k.scheduled, soon)
+    b.sync.zadd(k.retry, {soon: b.clock() + 1_800_000})  # as a failed attempt leaves it
+    client, _ = logged_in(app)
+    for state, job_id, head in (("scheduled", later, "due"), ("retry", soon, "next retry")):
+        page = client.get(f"/queues/default/{state}").text
+        assert f"<th>{head}</th>" in page
+        row = re.search(rf'<tr data-job="{job_id}">(.*?)</tr>', page, re.S)
+        cell = re.search(r'<td class="due"><span title="([^"]+)">([^<]+)</span></td>', row[1] if row else "")
+        assert cell is not None, page
+        assert cell[1] == _utc(b.sync.zscore(k.retry if state == "retry" else k.scheduled, job_id) or 0)
+        assert re.fullmatch(r"in 2\.0h" if state == "scheduled" else r"in (30\.0|29\.9)m", cell[2]), cell[2]
+    assert "due</th>" not in client.get("/queues/default/pending").text
+
+
 def test_bulk_run_now_with_a_filter_in_batches_leaves_the_rest(app: App) -> None:
     b = app.broker
     quick = app.enqueue_many("quick", [{"n": i} for i in range(1200)], delay_s=3600)

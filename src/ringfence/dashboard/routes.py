@@ -59,6 +59,7 @@ def build(app: App, *, read_only: bool, token: str | None, authorize: Any, redac
         found = search.scan(app, queue, state, offset, flt)
         return d.render(request, "browse.html", page="jobs", queue=queue, state=state, jobs=found.jobs, flt=flt,
                         offset=offset, next_offset=found.next_offset, scan=found, states=STATES,
+                        due=views.due_times(app, queue, state, [j.id for j in found.jobs]),
                         charts=views.queue_charts(app, queue) if state == "pending" and not offset else [],
                         paused=queue_gauges(app.broker, queue)["paused"])
 

@@ -138,6 +138,18 @@ def whereabouts(app: App, job: Any) -> dict[str, Any]:
     return out
 
 
+def due_times(app: App, queue: str, state: str, ids: list[str]) -> dict[str, int]:
+    """When each scheduled or retrying job of a page is due (ms; one round trip); nothing for other states. A job
+    that left the state meanwhile has none."""
+    if state not in ("scheduled", "retry") or not ids:
+        return {}
+    k = app.broker.keys.queue(queue)
+    p = app.broker.sync.pipeline(transaction=False)
+    for job_id in ids:
+        p.zscore(k.retry if state == "retry" else k.scheduled, job_id)
+    return {job_id: int(due) for job_id, due in zip(ids, p.execute(), strict=True) if due is not None}
+
+
 def servers(app: App) -> list[dict[str, Any]]:
     from ringfence import queries
 
