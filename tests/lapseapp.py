@@ -1,15 +1,24 @@
 """The app of tests/test_lease_lapse.py's workers: a sync handler that waits for the test's go-ahead (a file)
 before opening its fenced step, so the test can stop the process there until its lease lapses; the effect
-appends to a file, the charges the test counts."""
+appends to a file, the charges the test counts. ``probe`` reports the lease deadline Redis holds for its attempt
+and the one the worker's lease book knows, then (``lapse``) blocks its event loop, so no heartbeat renews the
+lease, until Redis's clock is past that deadline, and asks for an effect. ``LAPSE_LEASE_S``: the workers' lease
+(a heartbeat every half of it), else the FAST timings."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 
+import redis
+
 from support import worker_app
 
-app = worker_app(fence=True)
+_lease_s = float(os.environ.get("LAPSE_LEASE_S") or 0)
+_slow = {"lease_s": _lease_s, "heartbeat_s": _lease_s / 2, "server_ttl_s": _lease_s} if _lease_s else {}
+app = worker_app(fence=True, **_slow)
 
 
 @app.task(name="charge", max_attempts=1)
@@ -30,3 +39,28 @@ def _charge(here: Path) -> str:
     with (here / "charges").open("a") as f:
         f.write("ch_1\n")
     return "ch_1"
+
+
+@app.task(name="probe", max_attempts=1)
+async def probe(ctx, where: str, lapse: bool) -> None:
+    here = Path(where)
+    r = redis.Redis.from_url(os.environ["RINGFENCE_REDIS_URL"])
+    deadline = int(r.zscore(app.broker.keys.queue(ctx.queue).active, ctx.id) or 0)
+    book = ctx.fencing.leases.until.get((ctx.id, ctx.token))
+    (here / "seen").write_text(json.dumps({"token": ctx.token, "deadline": deadline, "book": book}))
+    if not lapse:
+        return
+    while _redis_ms(r) <= deadline + 100:  # no await: no heartbeat runs meanwhile
+        time.sleep(0.01)
+    outcome = "charged"
+    try:
+        with ctx.fence("order:2", "charge", params={"amount": 5}) as step:
+            step.effect(lambda: _charge(here))
+    except Exception as exc:
+        outcome = type(exc).__name__
+    (here / "finished").write_text(outcome)
+
+
+def _redis_ms(r: redis.Redis) -> int:
+    seconds, micros = r.time()
+    return int(seconds) * 1000 + int(micros) // 1000

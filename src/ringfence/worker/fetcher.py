@@ -80,8 +80,12 @@ class Fetcher:
         queues, each the promise of a slot) are handed back at once, their attempt not counted. So is one read
         after its lease ran out (the recoverer has it; the hand-back then does nothing)."""
         started = 0
+        now = self.broker.clock()
         for job, deadline in pushed:
-            if started < free and deadline > job.started_ms + 1000:
+            if started < free and deadline > now + 1000:
+                # Its lease began when Redis leased it, not when the message was read (a delayed message): the
+                # lease book counts to the deadline Redis set (Redis clock, like the deadline) and no later.
+                job.started_ms = deadline - self.lease_ms
                 start(job)
                 started += 1
             else:
