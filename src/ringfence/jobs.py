@@ -17,6 +17,7 @@ from ringfence.errors import BadRecord, ConfigError, FencedOut
 from ringfence.fence.model import FenceState
 from ringfence.models import DeadJob, JobSpec
 from ringfence.redis import workflows as waiting
+from ringfence.redis.admin import is_pending
 
 if TYPE_CHECKING:
     from ringfence.runtime import Live
@@ -224,10 +225,10 @@ def purge_queue(app: Live, queue: str) -> tuple[int, int]:
         owners = {r.owner_job_id for s in (FenceState.CALLING, FenceState.EFFECTED)
                   for r in store.list_steps(state=s, limit=10_000) if r.owner_job_id}
         for job_id in sorted(owners):
-            if broker.job_state(queue, job_id) == "pending":
+            if is_pending(broker.job_state(queue, job_id)):
                 cancel_job(app, job_id)
                 moved += 1
-    left = int(broker.sync.llen(broker.keys.queue(queue).pending))
+    left = broker.purgeable(queue)
     deleted = 0
     while left > 0:
         n = broker.run(broker.purge(queue, min(PURGE_BATCH, left)))

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from ringfence.redis.call import Call, as_text
-from ringfence.redis.keys import Keys, QueueKeys, split_entry
-from ringfence.redis.reads import find_entry
+from ringfence.redis.keys import Keys, split_entry
+from ringfence.redis.reads import PENDING_OVERLAP, PENDING_SLICE, find_entry
 
 if TYPE_CHECKING:
     import redis
@@ -23,6 +23,13 @@ STATES = ("pending", "active", "scheduled", "retry", "dead")
 #: jobs oldest first and latency is the oldest job's age, so those are the jobs looked up most, and the scan would
 #: reach them last.
 OLDEST_FIRST = 1000
+#: The state of a pending job that a fetch sorted into its concurrency key's list (lua/_keyed.lua), the key after.
+KEY_WAIT = "waiting for its key's slot: "
+
+
+def is_pending(state: str | None) -> bool:
+    """Whether a state of ``job_state`` is a pending one: in the pending list or waiting in its key's list."""
+    return state == "pending" or (state or "").startswith(KEY_WAIT)
 
 
 class Admin:
@@ -44,6 +51,8 @@ class Admin:
         if self.sync.hexists(self.keys.queue(queue).jobs, job_id):
             return b""
         found = self._pending_entry(queue, job_id)
+        if found is None:
+            found = (self._keyed_entry(queue, job_id) or ("", None))[1]
         return found if found is not None and split_entry(found)[1] is not None else b""
 
     def cancel(self, queue: str, job_id: str, dead_fields: dict[str, Any] | None = None, inline_entry: bytes = b""
@@ -53,34 +62,72 @@ class Admin:
         inline pending job is cancelled only given its ``inline_entry``."""
         k = self.keys.queue(queue)
         return Call("cancel", [k.pending, k.scheduled, k.retry, k.active, k.lease, k.jobs, k.attempts, k.history,
-                               k.dead, k.dead_jobs, k.stats, k.waiters, k.waiting],
+                               k.dead, k.dead_jobs, k.stats, k.waiters, k.waiting, self.keys.keyed(queue)],
                     [job_id, self.clock(), orjson.dumps(dead_fields) if dead_fields else "", inline_entry], as_text)
 
     def purge(self, queue: str, limit: int) -> Call[int]:
-        """Delete up to ``limit`` pending jobs, oldest first."""
+        """Delete up to ``limit`` pending jobs, oldest first, then those waiting in their keys' lists."""
         k = self.keys.queue(queue)
         return Call("purge", [k.pending, k.jobs, k.attempts, k.history, k.stats, k.waiters, k.waiting, k.dead,
-                              k.dead_jobs], [limit, self.clock()], int)
+                              k.dead_jobs, self.keys.keyed(queue)], [limit, self.clock()], int)
+
+    def purgeable(self, queue: str) -> int:
+        """Pending jobs a purge deletes: the pending list's and those waiting in their keys' lists."""
+        k = self.keys.queue(queue)
+        p = self.sync.pipeline(transaction=False)
+        p.llen(k.pending)
+        p.hget(k.stats, "keyed_waiting")
+        queued, keyed = p.execute()
+        return int(queued) + max(0, int(keyed or 0))
 
     def job_state(self, queue: str, job_id: str) -> str | None:
         """Where job ``job_id`` is in ``queue``: a state of STATES, 'unknown' (a record in no set: being moved),
         or None when the queue has no such job. Pending is found by LPOS (one scan of the list in Redis), an
         inline pending job (no record in the jobs hash, keys.py) in the oldest entries, then by a scan in slices
-        (pending_entry)."""
+        (pending_entry). A pending job a fetch sorted into its concurrency key's list reads ``KEY_WAIT`` and the
+        key."""
         return self.job_lookup(queue, job_id)[0]
 
     def job_lookup(self, queue: str, job_id: str) -> tuple[str | None, bytes | None]:
         """``job_state`` and, for an inline pending job, its spec as the scan found it (None otherwise: the spec
         is in the jobs hash, ``job_spec``), so that a job page scans the pending list once."""
-        k = self.keys.queue(queue)
-        state = self._job_state(k, job_id)
+        state = self._job_state(queue, job_id)
         if state is not None:
             return state, None
         entry = self._pending_entry(queue, job_id)
         spec = split_entry(entry)[1] if entry is not None else None
         if spec is not None:
             return "pending", spec
-        return self._job_state(k, job_id), None  # an inline job fetched during the scan has its record now
+        if entry is None:
+            keyed = self._keyed_entry(queue, job_id)
+            spec = split_entry(keyed[1])[1] if keyed is not None else None
+            if keyed is not None and spec is not None:
+                return _key_state(keyed[0]), spec
+        return self._job_state(queue, job_id), None  # an inline job fetched during the scan has its record now
+
+    def _keyed_entry(self, queue: str, job_id: str) -> tuple[str, bytes] | None:
+        """(key, entry) of a job waiting in its concurrency key's list, or None: the keys in ring and parked
+        (lua/_keyed.lua), each list scanned newest first as pending_entry. A queue with no job waiting in a key's
+        list (its counter 'keyed_waiting') costs one HGET."""
+        if int(self.sync.hget(self.keys.queue(queue).stats, "keyed_waiting") or 0) <= 0:
+            return None
+        pfx = self.keys.keyed(queue)
+        p = self.sync.pipeline(transaction=False)
+        p.lrange(pfx + "ring", 0, -1)
+        p.zrange(pfx + "parked", 0, -1)
+        ring, parked = p.execute()
+        for raw in [*ring, *parked]:
+            key = as_text(raw)
+            first = 0
+            while True:
+                entries: list[bytes] = self.sync.lrange(pfx + "q:" + key, first, first + PENDING_SLICE - 1)  # type: ignore[assignment]
+                found = find_entry(entries, job_id)
+                if found is not None:
+                    return key, found
+                if len(entries) < PENDING_SLICE:
+                    break
+                first += PENDING_SLICE - PENDING_OVERLAP
+        return None
 
     def _pending_entry(self, queue: str, job_id: str) -> bytes | None:
         """``pending_entry`` with the oldest ``OLDEST_FIRST`` entries read first (a list no longer than that is
@@ -91,7 +138,8 @@ class Admin:
             return found
         return self.pending_entry(queue, job_id)
 
-    def _job_state(self, k: QueueKeys, job_id: str) -> str | None:
+    def _job_state(self, queue: str, job_id: str) -> str | None:
+        k = self.keys.queue(queue)
         p = self.sync.pipeline(transaction=False)
         p.hexists(k.jobs, job_id)
         p.zscore(k.active, job_id)
@@ -108,7 +156,10 @@ class Admin:
                 return state
         if self.sync.lpos(k.pending, job_id) is not None:
             return "pending"
-        return "waiting" if self.sync.hexists(k.waiting, job_id) else "unknown"
+        if self.sync.hexists(k.waiting, job_id):
+            return "waiting"
+        keyed = self._keyed_entry(queue, job_id)
+        return _key_state(keyed[0]) if keyed is not None else "unknown"
 
     def page(self, queue: str, state: str, offset: int, count: int) -> list[tuple[str, float]]:
         """(id, score) of one page of a state: pending oldest first by position (score = position), the sorted
@@ -152,3 +203,8 @@ class Admin:
         attempts, ``l<minute>`` the largest latency sample (ms)."""
         raw: dict[Any, Any] = self.sync.hgetall(self.keys.queue(queue).minutes)
         return {as_text(key): int(v) for key, v in raw.items()}
+
+
+def _key_state(key: str) -> str:
+    """The state of a job in key ``key``'s list: plain jobs of a keyed queue wait under key '' (pending)."""
+    return KEY_WAIT + key if key else "pending"

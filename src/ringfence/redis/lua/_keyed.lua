@@ -81,3 +81,16 @@ local function take_turns(pfx, stats, want, now, lease)
   end
   if taken > 0 then redis.call('HINCRBY', stats, 'keyed_waiting', -taken) end
 end
+
+-- Take one entry out of its key's list (cancel.lua, purge.lua), keeping 'keyed_waiting' and the rule that a key
+-- with jobs waiting is in ring or parked and an empty one in neither. Returns true if the entry was there.
+local function unkey(pfx, stats, key, entry)
+  local list = pfx .. 'q:' .. key
+  if redis.call('LREM', list, 1, entry) == 0 then return false end
+  redis.call('HINCRBY', stats, 'keyed_waiting', -1)
+  if redis.call('LLEN', list) == 0 then
+    redis.call('LREM', pfx .. 'ring', 0, key)
+    redis.call('ZREM', pfx .. 'parked', key)
+  end
+  return true
+end

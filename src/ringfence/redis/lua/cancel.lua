@@ -7,10 +7,21 @@
 -- ARGV[1] id  ARGV[2] now ms
 -- ARGV[3] '' to delete the job, else a JSON object of dead record fields: the job goes to dead-letter instead
 --         (a job that owns a fence step past capture must not vanish)
--- ARGV[4] the job's inline pending entry '<id><spec>' as a scan found it (Reads.pending_entry), or ''
--- Returns: the state it was taken from (pending, scheduled, retry, active, waiting), or '' when it is no job of the
--- queue. The jobs waiting for it go to dead-letter (reason dependency_dead).
+-- KEYS[14] prefix of the queue's concurrency-key keys (lua/_keyed.lua): a pending job a fetch sorted into its
+--          key's list is taken from there
+-- ARGV[4] the job's inline pending entry '<id><spec>' as a scan found it (Admin.inline_entry), or ''
+-- Returns: the state it was taken from (pending, scheduled, retry, active, waiting, or "waiting for its key's
+-- slot: <key>"), or '' when it is no job of the queue. The jobs waiting for it go to dead-letter (reason
+-- dependency_dead).
 --@include depends
+--@include keyed
+
+-- Take entry (pending) out of its key's list; the state it left, or nil.
+local function from_key(spec, entry)
+  local key = entry_key(spec) or ''  -- once a queue holds keyed jobs, plain ones wait under key ''
+  if not unkey(KEYS[14], KEYS[11], key, entry) then return nil end
+  return key == '' and 'pending' or ("waiting for its key's slot: " .. key)
+end
 local id = ARGV[1]
 local spec = redis.call('HGET', KEYS[6], id)
 local state = ''
@@ -20,12 +31,15 @@ if spec then
   elseif redis.call('ZREM', KEYS[4], id) == 1 then state = 'active'
   elseif redis.call('LREM', KEYS[1], 0, id) > 0 then state = 'pending'
   elseif redis.call('HDEL', KEYS[13], id) == 1 then state = 'waiting'
+  else state = from_key(spec, id) or ''
   end
   if state == '' then return '' end
   -- a second inline copy (an enqueue retried after a lost reply) would run once this record is gone
   redis.call('LREM', KEYS[1], 0, id .. spec)
-elseif string.sub(ARGV[4], 1, #id + 1) == id .. '{' and redis.call('LREM', KEYS[1], 0, ARGV[4]) > 0 then
-  state, spec = 'pending', string.sub(ARGV[4], #id + 1)  -- not fetched since the scan found it
+elseif string.sub(ARGV[4], 1, #id + 1) == id .. '{' then  -- not fetched since the scan found it, if still there
+  spec = string.sub(ARGV[4], #id + 1)
+  if redis.call('LREM', KEYS[1], 0, ARGV[4]) > 0 then state = 'pending' else state = from_key(spec, ARGV[4]) end
+  if not state then return '' end
 else
   return ''
 end
