@@ -118,3 +118,29 @@ def test_the_dashboard_finds_and_cancels_a_keyed_waiting_job(make_app: Callable[
     done = client.post("/actions/cancel", data={"csrf": csrf(client), "id": ids[2]})
     assert f"cancelled job {ids[2]} (was waiting for its key&#39;s slot: account:7 in default)" in done.text
     assert b.job_state("default", ids[2]) is None and queue_info(b, "default")["pending"] == 1
+
+
+def test_stored_and_plain_jobs_in_the_keys_lists_are_found_cancelled_and_purged(make_app: Callable[..., App]) -> None:
+    """A job with options keeps its spec in the jobs hash (its list entry is its id); a job without a key waits
+    under key '' once the queue holds keyed ones, and reads as pending."""
+    app = make_app()
+    task = keyed_task(app, limit=1)
+
+    @app.task(name="plain")
+    def plain(ctx: object) -> None: ...
+
+    b, rdb = app.broker, app.broker.sync
+    k, pfx = b.keys.queue("default"), b.keys.keyed("default")
+    ids = [task.with_options(job_id=f"stored-{i}").enqueue(account="7", n=i) for i in range(3)]
+    others = [plain.enqueue() for _ in range(2)]
+    b.run(b.fetch("default", 1, b.clock() + 60_000, "t1"))
+    assert rdb.lrange(pfx + "q:account:7", 0, -1) == [ids[2].encode(), ids[1].encode()]  # ids, specs in the hash
+    assert b.job_state("default", ids[1]) == "waiting for its key's slot: account:7"
+    assert b.job_state("default", others[1]) == "pending"
+    assert jobs.cancel_job(app, ids[1]) == ("default", "waiting for its key's slot: account:7")
+    assert jobs.cancel_job(app, others[1]) == ("default", "pending")
+    assert not rdb.hexists(k.jobs, ids[1]) and queue_info(b, "default")["pending"] == 2
+    assert jobs.purge_queue(app, "default") == (2, 0)
+    assert not rdb.hexists(k.jobs, ids[2]) and rdb.hexists(k.jobs, ids[0])  # the running job keeps its record
+    assert rdb.exists(pfx + "ring", pfx + "parked", pfx + "q:account:7", pfx + "q:") == 0
+    assert int(rdb.hget(k.stats, "keyed_waiting") or 0) == 0
