@@ -2,8 +2,8 @@
 before opening its fenced step, so the test can stop the process there until its lease lapses; the effect
 appends to a file, the charges the test counts. ``probe`` reports the lease deadline Redis holds for its attempt
 and the one the worker's lease book knows, then (``lapse``) blocks its event loop, so no heartbeat renews the
-lease, until Redis's clock is past that deadline, and asks for an effect. ``LAPSE_LEASE_S``: the workers' lease
-(a heartbeat every half of it), else the FAST timings."""
+lease, until Redis's clock is past that deadline, and asks for an effect; its next attempt asks at once.
+``LAPSE_LEASE_S``: the workers' lease (a heartbeat every half of it), else the FAST timings."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from pathlib import Path
 
 import redis
 
+from ringfence import RetryPolicy
 from support import worker_app
 
 _lease_s = float(os.environ.get("LAPSE_LEASE_S") or 0)
 _slow = {"lease_s": _lease_s, "heartbeat_s": _lease_s / 2, "server_ttl_s": _lease_s} if _lease_s else {}
-app = worker_app(fence=True, **_slow)
+app = worker_app(fence=True, retry=RetryPolicy(base_s=0.1), **_slow)
 
 
 @app.task(name="charge", max_attempts=1)
@@ -41,24 +42,25 @@ def _charge(here: Path) -> str:
     return "ch_1"
 
 
-@app.task(name="probe", max_attempts=1)
+@app.task(name="probe", max_attempts=2)
 async def probe(ctx, where: str, lapse: bool) -> None:
     here = Path(where)
     r = redis.Redis.from_url(os.environ["RINGFENCE_REDIS_URL"])
-    deadline = int(r.zscore(app.broker.keys.queue(ctx.queue).active, ctx.id) or 0)
-    book = ctx.fencing.leases.until.get((ctx.id, ctx.token))
-    (here / "seen").write_text(json.dumps({"token": ctx.token, "deadline": deadline, "book": book}))
-    if not lapse:
-        return
-    while _redis_ms(r) <= deadline + 100:  # no await: no heartbeat runs meanwhile
-        time.sleep(0.01)
-    outcome = "charged"
+    if ctx.attempt == 1:
+        deadline = int(r.zscore(app.broker.keys.queue(ctx.queue).active, ctx.id) or 0)
+        book = ctx.fencing.leases.until.get((ctx.id, ctx.token))
+        (here / "seen").write_text(json.dumps({"token": ctx.token, "deadline": deadline, "book": book}))
+        if not lapse:
+            return
+        while _redis_ms(r) <= deadline + 100:  # no await: no heartbeat runs meanwhile
+            time.sleep(0.01)
     try:
         with ctx.fence("order:2", "charge", params={"amount": 5}) as step:
             step.effect(lambda: _charge(here))
     except Exception as exc:
-        outcome = type(exc).__name__
-    (here / "finished").write_text(outcome)
+        (here / f"finished-{ctx.attempt}").write_text(type(exc).__name__)
+        raise
+    (here / f"finished-{ctx.attempt}").write_text("charged")
 
 
 def _redis_ms(r: redis.Redis) -> int:

@@ -86,8 +86,9 @@ def test_a_delayed_wake_message_leases_no_longer_than_redis(tmp_path: Path, redi
     """A job leased to an idle worker in its wake message, the message read late (the worker SIGSTOPped at its
     receipt for most of the lease): the worker's lease book ends the lease where Redis does, not a whole lease
     after the read. Its handler, no heartbeat renewing the lease meanwhile, asks for an effect once Redis's clock
-    passed that deadline: refused (FencedOut), nothing charged. Lease 6 s (margin 1.5 s), a heartbeat every 3 s;
-    the worker is stopped just after one, so the next comes only once the handler holds the event loop."""
+    passed that deadline: refused (FencedOut), nothing charged; the job's next attempt charges once. Lease 6 s
+    (margin 1.5 s), a heartbeat every 3 s; the worker is stopped just after one, so the next comes only once the
+    handler holds the event loop."""
     fence_url = f"sqlite:///{tmp_path}/fences.db"
     app = App(redis_url, namespace, environment="test", fence_url=fence_url, worker=FAST)
     app.fence_store.create_all()
@@ -100,20 +101,24 @@ def test_a_delayed_wake_message_leases_no_longer_than_redis(tmp_path: Path, redi
         wait_until(lambda: r.zrange(app.broker.keys.servers, 0, -1, withscores=True) != beat, timeout=5,
                    interval=0.005)
         w.send_signal(signal.SIGSTOP)  # just after a heartbeat
-        job = app.task(name="probe", max_attempts=1)(_probe).enqueue(where=str(tmp_path), lapse=True)
+        job = app.task(name="probe", max_attempts=2)(_probe).enqueue(where=str(tmp_path), lapse=True)
         token = r.hget(keys.lease, job)
         assert token is not None and f".p{job}.".encode() in token, "not leased in a wake message"
         leased_until = int(r.zscore(keys.active, job) or 0)
         time.sleep(2.2)  # the message waits unread; 3.8 s of the lease are left when it is read
         w.send_signal(signal.SIGCONT)
-        wait_until(lambda: (tmp_path / "finished").exists(), timeout=10)
+        wait_until(lambda: (tmp_path / "finished-1").exists(), timeout=10)
         seen = _seen(tmp_path)
         assert seen["deadline"] == leased_until, "the lease was renewed before the handler looked (inconclusive)"
         assert not (tmp_path / "charges").exists(), f"an effect started after the lease lapsed: {seen}"
-        assert (tmp_path / "finished").read_text() == "FencedOut"
+        assert (tmp_path / "finished-1").read_text() == "FencedOut"
         assert seen["book"] == leased_until, seen
+        # The job's next attempt takes the step over and makes the effect, once.
+        wait_until(lambda: (tmp_path / "finished-2").exists(), timeout=10)
+        assert (tmp_path / "finished-2").read_text() == "charged"
+        assert (tmp_path / "charges").read_text().splitlines() == ["ch_1"]
         row = app.fence_store.get("order:2", "charge")
-        assert row is None or row.state is not FenceState.CALLING, row
+        assert row is not None and row.state in (FenceState.EFFECTED, FenceState.COMPLETED), row
     finally:
         _stop(w)
         app.close()
@@ -124,7 +129,7 @@ def test_a_fetched_job_is_leased_until_the_deadline_redis_set(tmp_path: Path, re
     """A job taken by a fetch: the worker's lease book holds the deadline of its lease in Redis."""
     app = App(redis_url, namespace, environment="test", worker=FAST)
     r = redis.Redis.from_url(redis_url)
-    job = app.task(name="probe", max_attempts=1)(_probe).enqueue(where=str(tmp_path), lapse=False)
+    job = app.task(name="probe", max_attempts=2)(_probe).enqueue(where=str(tmp_path), lapse=False)
     w = worker(namespace, f"sqlite:///{tmp_path}/fences.db")
     try:
         wait_until(lambda: (tmp_path / "seen").exists(), timeout=15)
