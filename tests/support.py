@@ -97,6 +97,15 @@ class WorkerProc:
 
 
 
+def kill_groups(procs: list[subprocess.Popen[Any]]) -> None:
+    """SIGKILL the process group of each process still running (started with ``start_new_session=True``), and
+    reap each."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+
+
 def wait_until(check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -18,7 +18,7 @@ import pytest
 
 from ringfence import App
 from support import ROOT
-from topology import HAVE_REDIS, Cluster
+from topology import HAVE_REDIS, Cluster, queue_per_master
 
 pytestmark = [pytest.mark.topology,
               pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server and redis-cli")]
@@ -35,10 +35,7 @@ def test_the_doctor_samples_the_live_masters_and_names_the_dead_one(tmp_path: Pa
         ns = f"dsm{uuid.uuid4().hex[:6]}"
         app = App(cluster.url, ns)
         task = app.task(name="stamp")(_stamp)
-        by_master: dict[str, str] = {}
-        for i in range(1000):
-            key = app.broker.keys.queue(f"q{i}").pending
-            by_master.setdefault(app.broker.sync.get_node_from_key(key).name, f"q{i}")  # type: ignore[attr-defined]
+        by_master = queue_per_master(app.broker)
         for q in by_master.values():
             task.with_options(queue=q).enqueue(n=1)
         home = app.broker.sync.get_node_from_key(app.broker.keys.queues).name  # type: ignore[attr-defined]

@@ -16,7 +16,7 @@ import redis
 from ringfence import App
 from ringfence.redis.connection import UNAVAILABLE
 from ringfence.redis.node_gate import DOWN_S
-from topology import HAVE_REDIS, Cluster
+from topology import HAVE_REDIS, Cluster, queue_per_master
 
 pytestmark = [pytest.mark.topology,
               pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server and redis-cli")]
@@ -42,9 +42,7 @@ def test_calls_to_a_dead_master_do_not_reload_the_slot_map_each_time(tmp_path: P
 
 async def _scenario(app: App, cluster: Cluster) -> None:
     b = app.broker
-    owner: dict[str, str] = {}
-    for i in range(1000):
-        owner.setdefault(b.sync.get_node_from_key(b.keys.queue(f"q{i}").pending).name, f"q{i}")  # type: ignore[attr-defined]
+    owner = queue_per_master(b)
     dead, *live = sorted(owner)
     for q in owner.values():
         await b.arun(b.recover(q))  # the client knows the map, the clock and the scripts

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import pytest
 import redis
 
 from ringfence import App, BrokerError, RingfenceError
-from support import ROOT
+from support import ROOT, kill_groups
 from topology import HAVE_REDIS, Cluster
 
 pytestmark = [pytest.mark.topology,
@@ -40,10 +39,7 @@ def _env(url: str, ns: str, record_url: str) -> dict[str, str]:
 def started(redis_url: str) -> Iterator[list[subprocess.Popen[bytes]]]:
     procs: list[subprocess.Popen[bytes]] = []
     yield procs
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait(10)
+    kill_groups(procs)
 
 
 def _worker(procs: list[subprocess.Popen[bytes]], url: str, ns: str, record_url: str, queues: list[str]) -> None:

@@ -13,7 +13,7 @@ import redis
 
 from ringfence import App
 from ringfence.redis.scripts import script
-from topology import HAVE_REDIS, Cluster
+from topology import HAVE_REDIS, Cluster, queue_per_master
 
 pytestmark = [pytest.mark.topology,
               pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server and redis-cli")]
@@ -31,9 +31,7 @@ def test_noscript_loads_the_script_on_the_node_that_answered(tmp_path: Path) -> 
 
 async def _scenario(app: App, cluster: Cluster) -> None:
     b = app.broker
-    owner: dict[str, str] = {}
-    for i in range(1000):
-        owner.setdefault(b.sync.get_node_from_key(b.keys.queue(f"q{i}").pending).name, f"q{i}")  # type: ignore[attr-defined]
+    owner = queue_per_master(b)
     dead, live, other = sorted(owner)
     queue = owner[live]
     # Both clients know the slot map, the clock and the script-flags probe (no key: any node) before the kill.

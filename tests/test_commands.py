@@ -24,7 +24,7 @@ from ringfence.fence import FenceStore
 from ringfence.fence.model import Owner
 from ringfence.models import JobSpec, now_ms
 from ringfence.redis.broker import Broker
-from support import wait_until
+from support import kill_groups, wait_until
 
 PERIODIC_APP = """
 import os
@@ -66,10 +66,7 @@ def spawn(env: dict[str, str]) -> Iterator[Any]:
         return p
 
     yield start
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(10)
+    kill_groups(procs)
 
 
 def stop(p: subprocess.Popen[str]) -> int:

@@ -18,7 +18,7 @@ import redis
 
 from ringfence import App, ConfigError
 from ringfence.redis.keys import partition_name
-from support import ROOT, wait_until
+from support import ROOT, kill_groups, wait_until
 
 PARTS = 4
 
@@ -55,10 +55,7 @@ def workers(namespace: str, redis_url: str) -> Iterator[Callable[..., subprocess
         return p
 
     yield start
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait(10)
+    kill_groups(procs)
 
 
 def _pending(app: App) -> dict[str, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from typing import Any
 
 import redis
 from bench.servers import Cluster, SentinelSet, Servers, free_port
@@ -19,6 +20,7 @@ __all__ = [
     "node_ids",
     "open_migration",
     "owner_of",
+    "queue_per_master",
 ]
 
 HAVE_REDIS = shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None
@@ -66,3 +68,11 @@ def move_slot(ports: list[int], slot: int, to_port: int) -> None:
     while move_keys(src, to_port, slot):
         pass
     close_migration(ports, slot, to_port)
+
+
+def queue_per_master(broker: Any) -> dict[str, str]:
+    """A queue name whose keys live on each master of ``broker``'s cluster: the node's name -> the queue."""
+    owner: dict[str, str] = {}
+    for i in range(1000):
+        owner.setdefault(broker.sync.get_node_from_key(broker.keys.queue(f"q{i}").pending).name, f"q{i}")
+    return owner
