@@ -22,11 +22,17 @@ sentinel parallel-syncs {name} 1
 """
 
 
+_handed_out: set[int] = set()
+_pick = random.SystemRandom()  # not the seeded module state: test processes side by side must not draw alike
+
+
 def free_port() -> int:
-    """A free port below 55536 whose cluster bus port (+10000) is free too."""
+    """A free port not handed out before in this process, whose cluster bus port (+10000) is free too; both below
+    Linux's ephemeral range (32768 and up), so an outgoing connection cannot take one before its server binds."""
     while True:
-        port = random.randint(20000, 45000)
-        if all(_free(p) for p in (port, port + 10000)):
+        port = _pick.randint(10000, 22000)
+        if port not in _handed_out and all(_free(p) for p in (port, port + 10000)):
+            _handed_out.add(port)
             return port
 
 
