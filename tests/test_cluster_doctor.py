@@ -16,16 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from ringfence import App
 from support import ROOT
-from topology import HAVE_REDIS, Cluster, queue_per_master
+from topology import HAVE_REDIS, Cluster, silence_a_master
 
 pytestmark = [pytest.mark.topology,
               pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server and redis-cli")]
-
-
-def _stamp(ctx: object, n: int) -> None:
-    pass
 
 
 @pytest.mark.parametrize("fault", ["killed", "hung"])
@@ -33,19 +28,7 @@ def test_the_doctor_samples_the_live_masters_and_names_the_dead_one(tmp_path: Pa
     cluster = Cluster(tmp_path, node_timeout_ms=60_000)  # no replica, no failover meanwhile
     try:
         ns = f"dsm{uuid.uuid4().hex[:6]}"
-        app = App(cluster.url, ns)
-        task = app.task(name="stamp")(_stamp)
-        by_master = queue_per_master(app.broker)
-        for q in by_master.values():
-            task.with_options(queue=q).enqueue(n=1)
-        home = app.broker.sync.get_node_from_key(app.broker.keys.queues).name  # type: ignore[attr-defined]
-        victim = sorted(m for m in by_master if m != home)[0]
-        app.close()
-        port = int(victim.rsplit(":", 1)[1])
-        if fault == "killed":
-            cluster.kill(port)
-        else:
-            cluster.procs[port].send_signal(signal.SIGSTOP)
+        by_master, victim = silence_a_master(cluster, ns, fault)
 
         env = {**os.environ, "RINGFENCE_REDIS_URL": cluster.url, "RINGFENCE_NAMESPACE": ns,
                "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}

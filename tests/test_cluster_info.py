@@ -18,7 +18,7 @@ import redis
 from ringfence import App
 from ringfence.errors import BrokerError
 from support import ROOT, wait_until
-from topology import HAVE_REDIS, Cluster, SentinelSet, queue_per_master
+from topology import HAVE_REDIS, Cluster, SentinelSet, silence_a_master
 
 pytestmark = [pytest.mark.topology,
               pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server and redis-cli")]
@@ -44,19 +44,7 @@ def test_info_answers_for_the_live_masters_and_names_the_dead_one(tmp_path: Path
     cluster = Cluster(tmp_path, node_timeout_ms=60_000)
     try:
         ns = f"inf{uuid.uuid4().hex[:6]}"
-        app = App(cluster.url, ns)
-        task = app.task(name="stamp")(_stamp)
-        by_master = queue_per_master(app.broker)
-        for q in by_master.values():
-            task.with_options(queue=q).enqueue(n=1)
-        home = app.broker.sync.get_node_from_key(app.broker.keys.queues).name  # type: ignore[attr-defined]
-        victim = sorted(m for m in by_master if m != home)[0]
-        app.close()
-        port = int(victim.rsplit(":", 1)[1])
-        if fault == "killed":
-            cluster.kill(port)
-        else:
-            cluster.procs[port].send_signal(signal.SIGSTOP)
+        by_master, victim = silence_a_master(cluster, ns, fault)
 
         done, took = _info(cluster.url, ns, "--json")
         assert done.returncode == 4, done.stdout + done.stderr

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import shutil
+import signal
 from typing import Any
 
 import redis
 from bench.servers import Cluster, SentinelSet, Servers, free_port
+
+from ringfence import App
 
 __all__ = [
     "HAVE_REDIS",
@@ -21,6 +24,7 @@ __all__ = [
     "open_migration",
     "owner_of",
     "queue_per_master",
+    "silence_a_master",
 ]
 
 HAVE_REDIS = shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None
@@ -76,3 +80,29 @@ def queue_per_master(broker: Any) -> dict[str, str]:
     for i in range(1000):
         owner.setdefault(broker.sync.get_node_from_key(broker.keys.queue(f"q{i}").pending).name, f"q{i}")
     return owner
+
+
+def silence_a_master(cluster: Cluster, ns: str, fault: str) -> tuple[dict[str, str], str]:
+    """One job in a queue on each master of ``cluster`` (namespace ``ns``), then a master other than the namespace
+    keys' own SIGKILLed (``fault="killed"``) or SIGSTOPped (``"hung"``). Returns the queue per master and the
+    silenced master's name."""
+    app = App(cluster.url, ns)
+    try:
+        task = app.task(name="stamp")(_stamp)
+        by_master = queue_per_master(app.broker)
+        for q in by_master.values():
+            task.with_options(queue=q).enqueue(n=1)
+        home = app.broker.sync.get_node_from_key(app.broker.keys.queues).name  # type: ignore[attr-defined]
+    finally:
+        app.close()
+    victim = sorted(m for m in by_master if m != home)[0]
+    port = int(victim.rsplit(":", 1)[1])
+    if fault == "killed":
+        cluster.kill(port)
+    else:
+        cluster.procs[port].send_signal(signal.SIGSTOP)
+    return by_master, victim
+
+
+def _stamp(ctx: object, n: int) -> None:
+    pass
