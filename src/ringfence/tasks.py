@@ -403,6 +403,49 @@ def _payload(task: Task, args: tuple[Any, ...], fields: dict[str, Any]) -> Any:
     return {**named, **fields}
 
 
+_MAKING_FLAG = threading.Lock()  # two threads touching a fresh CancelFlag at once make one Event
+
+
+class CancelFlag(threading.Event):
+    """``ctx.cancelled``: a ``threading.Event`` whose own Event is made on the first ``set``, ``clear`` or
+    ``wait``. A worker makes one per job and most are only read; an Event's ``Condition`` costs three caught
+    ``AttributeError`` exceptions in its ``__init__``, a tenth of an ``async def`` no-op job's instructions
+    (``DRAIN_CALLGRIND=1 python -m bench.drain_cpu --handler anoop``). Every public method of ``Event`` is
+    overridden, so no attribute of the base class is read."""
+
+    def __init__(self) -> None:  # no super().__init__(): the Event this delegates to is made on first use
+        self._event: threading.Event | None = None
+
+    def _made(self) -> threading.Event:
+        event = self._event
+        if event is None:
+            with _MAKING_FLAG:
+                event = self._event
+                if event is None:
+                    event = self._event = threading.Event()
+        return event
+
+    def is_set(self) -> bool:
+        event = self._event
+        return event is not None and event.is_set()
+
+    isSet = is_set  # Event's deprecated alias, overridden so no base attribute is read
+
+    def set(self) -> None:
+        self._made().set()
+
+    def clear(self) -> None:
+        event = self._event
+        if event is not None:
+            event.clear()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._made().wait(timeout)
+
+    def __repr__(self) -> str:
+        return f"<CancelFlag {'set' if self.is_set() else 'unset'}>"
+
+
 @dataclass
 class JobContext:
     """What a handler learns about its job. ``cancelled`` is set when the worker wants the job to stop
@@ -416,7 +459,7 @@ class JobContext:
     enqueued_ms: float
     token: str
     timeout_s: float = 300.0
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = field(default_factory=CancelFlag)
     fencing: FenceWiring | None = None  # the worker's fence wiring (worker/fencing.py); None outside a worker
     fence_key: str | None = None  # the latest fence opened ("subject/step"), stamped on log lines
     settling: bool = False  # attempts used up by orphaned runs: only steps in doubt may be settled
