@@ -46,14 +46,10 @@ class Fencing:
         self.broker = broker
         self.settings = settings
         self.observe = observe  # fence outcomes, for metrics
-        self.leases = LeaseBook(int) if broker is None else lease_book(broker)
+        self.leases = LeaseBook(int, active=False) if broker is None else lease_book(broker)
         # An effect starts only while the lease outlasts the `calling` write by this much.
         self.margin_ms = int(min(settings.lease_s / 4, 2.0) * 1000)
         self.lease_ms = int(settings.lease_s * 1000)
-
-    def began(self, job: Fetched) -> None:
-        """The job's handler starts: its lease, from the fetch, is held until the first renewal pushes it on."""
-        self.leases.began(job.id, job.token, job.started_ms + self.lease_ms)
 
     def owner(self, ctx: JobContext) -> Owner:
         # The fence's own lease is the fallback when the broker cannot answer: it covers the job's timeout.

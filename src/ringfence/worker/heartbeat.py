@@ -50,18 +50,15 @@ class LeaseBook:
     whose process stood still past its lease (a pause, a stopped VM, a long GC) may have been swept meanwhile, its
     job recovered or dead-lettered naming no step, and must not call behind it. A local read, no round trip.
 
-    Once the worker has begun a job (``began``), an attempt it does not know is not held: the heartbeat drops an
-    attempt whose lease was lost or that no longer runs."""
+    The runner writes each attempt's fetched deadline in ``until`` as its handler starts (a dict store: this is
+    on every job's path). In a worker's book an attempt it does not know is not held: the heartbeat drops an
+    attempt whose lease was lost or that no longer runs. A book that is not ``active`` (a fence wiring with no
+    worker) holds every lease."""
 
-    def __init__(self, clock: Callable[[], int]) -> None:
+    def __init__(self, clock: Callable[[], int], active: bool = True) -> None:
         self.clock = clock
         self.until: dict[tuple[str, str], int] = {}
-        self.active = False  # set by the first ``began``: a fence wiring with no worker (testing) asks nothing
-
-    def began(self, job_id: str, token: str, until_ms: int) -> None:
-        self.active = True
-        key = (job_id, token)
-        self.until[key] = max(self.until.get(key, 0), until_ms)
+        self.active = active
 
     def renewed(self, leases: list[tuple[str, str, int]]) -> None:
         until = self.until

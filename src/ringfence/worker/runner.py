@@ -37,13 +37,14 @@ class Runner:
         self.on_restart_required = on_restart_required  # a sync job outlived its timeout (exit 75)
         self.shutting_down = False  # from the stop's start: ctx.cancelled set; a cancelled job requeued, not an error
         self.bounds = AsyncBounds()  # async handlers' time bounds: one timer for all
+        self.lease_until, self.lease_ms = fencing.leases.until, fencing.lease_ms  # the lease book (heartbeat.py)
 
     def begin(self, r: Running, a: Admitted) -> tuple[JobContext, float, Callable[..., Any]]:
         """The handler is about to run: its context, its timeout (s) and what to call (the observers' wrapper)."""
         job, task, spec = r.job, a.task, a.spec
         timeout_s = spec.timeout_ms / 1000 if spec.timeout_ms else task.options.timeout_s
         r.started = time.monotonic()
-        self.fencing.began(job)
+        self.lease_until[job.id, job.token] = job.started_ms + self.lease_ms  # held until a renewal pushes it on
         self.observers.started(job, task, (self.clock() - spec.enqueued_ms) / 1000)
         r.ctx = ctx = JobContext(
             id=job.id, task=task.name, queue=job.queue, attempt=job.attempt,
