@@ -32,6 +32,8 @@ def partition_name(queue: str, index: int, partitions: int) -> str:
 
 def logical_queue(name: str) -> str:
     """The queue a partition belongs to (a plain queue: itself)."""
+    if "~" not in name:  # asked for every job a worker admits: a plain queue skips the pattern
+        return name
     m = PARTITION.fullmatch(name)
     return m.group(1) if m else name
 
