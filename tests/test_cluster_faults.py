@@ -17,7 +17,16 @@ from ringfence import App, RingfenceError
 from ringfence.errors import NotReplicated
 from support import ROOT, wait_until
 from test_topology import _queues_on_every_node, cli, runs, stop, worker
-from topology import HAVE_REDIS, Cluster, close_migration, move_keys, move_slot, open_migration, owner_of
+from topology import (
+    HAVE_REDIS,
+    Cluster,
+    close_migration,
+    move_keys,
+    move_slot,
+    open_migration,
+    owner_of,
+    queue_per_master,
+)
 
 pytestmark = [pytest.mark.topology,
               pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server and redis-cli")]
@@ -183,3 +192,40 @@ def test_durable_enqueues_resume_after_a_cluster_failover(tmp_path: Path) -> Non
         app.close()
     finally:
         c.stop()
+
+
+def test_a_worker_starting_while_its_queues_master_is_down_waits_for_the_failover(tmp_path: Path,
+                                                                                   redis_url: str) -> None:
+    """The master holding a worker's only queue (its wake channels too) is SIGKILLed and not failed over yet
+    (node timeout 60 s); the namespace keys' master answers. A worker started then keeps running (no exit 3:
+    "no Redis Cluster node took the wake-up subscriptions"); once the replica takes the slots over, the queue's
+    job runs."""
+    c = Cluster(tmp_path, replicas=1, node_timeout_ms=60_000, full_coverage=False)
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    app = App(c.url, ns, environment="test")
+    rdb = redis.Redis.from_url(redis_url)
+    w = None
+    try:
+        noop = app.task(name="noop")(_noop)
+        home = app.broker.sync.get_node_from_key(app.broker.keys.queues).name  # type: ignore[attr-defined]
+        victim, queue = next((m, q) for m, q in sorted(queue_per_master(app.broker).items()) if m != home)
+        job = noop.with_options(queue=queue).enqueue(n=1)
+        master = int(victim.rsplit(":", 1)[1])
+        replica = c.masters()[master]
+        assert replica is not None
+        c.kill(master)
+        w = worker(c.url, ns, redis_url, "--queues", queue)
+        wait_until(lambda: app.broker.servers() or w.poll() is not None, timeout=60)  # its loops started
+        time.sleep(8.0)  # the wake subscriptions tried and refused (the exit 3 came within 2 s)
+        assert w.poll() is None, w.communicate()[0].decode(errors="replace")
+        assert job not in runs(rdb, ns)
+        redis.Redis(port=replica).execute_command("CLUSTER", "FAILOVER", "TAKEOVER")  # type: ignore[no-untyped-call]
+        wait_until(lambda: job in runs(rdb, ns) or w.poll() is not None, timeout=45)
+        assert w.poll() is None, w.communicate()[0].decode(errors="replace")
+    finally:
+        out = stop(w) if w is not None else ""
+        rdb.delete(f"{ns}:test:runs")
+        app.close()
+        c.stop()
+    assert w is not None and w.returncode == 0, out
+    assert "wake-up subscriptions" not in out, out
