@@ -55,14 +55,21 @@ class Gates:
             out.append(("queue", queue, self.queue_limits[queue]))
         return out
 
-    async def enter(self, job: Fetched, task: Task) -> Wait | Verdict | None:
-        """None when the job may run now (its slots are then held until ``leave``); a Verdict (dead-letter) when
-        its concurrency key cannot be built from its payload."""
+    def hold_key(self, job: Fetched, task: Task) -> bool:
+        """True when the job's only gate is its concurrency key, whose slot fetch.lua took: the slot is then held
+        (renewed by the heartbeat) until ``release`` or ``release_key``, and nothing is awaited."""
         spec = job.spec
         key = spec.extra.get("ck") if spec is not None else None
         if isinstance(key, str) and task.concurrency is None and task.dependency is None and (
-                logical_queue(job.queue) not in self.queue_limits):  # only its key, whose slot fetch.lua took
+                logical_queue(job.queue) not in self.queue_limits):
             self.held[job.id] = [(f"key:{job.queue}", key)]
+            return True
+        return False
+
+    async def enter(self, job: Fetched, task: Task) -> Wait | Verdict | None:
+        """None when the job may run now (its slots are then held until ``release``); a Verdict (dead-letter) when
+        its concurrency key cannot be built from its payload."""
+        if self.hold_key(job, task):
             return None
         b = self.broker
         until = b.clock() + int(self.settings.lease_s * 1000)
@@ -111,12 +118,21 @@ class Gates:
 
     async def release(self, job: Fetched) -> None:
         for kind, name in self.held.pop(job.id, []):
-            if kind.startswith("key:"):  # freed by the queue's next fetch, in its script: no call of its own
-                self.broker.free_key_slot(kind[4:], name, job.id)
-                if self._flusher is None or self._flusher.done():
-                    self._flusher = asyncio.create_task(self._free_key_slots())
+            if kind.startswith("key:"):
+                self._free_key_slot(kind[4:], name, job.id)
             else:
                 await self.broker.release_slot(kind, name, job.id)
+
+    def release_key(self, job: Fetched) -> None:
+        """``release`` of a job ``hold_key`` took: its key's slot, with no await."""
+        for kind, name in self.held.pop(job.id, []):
+            self._free_key_slot(kind[4:], name, job.id)
+
+    def _free_key_slot(self, queue: str, key: str, holder: str) -> None:
+        """Freed by the queue's next fetch, in its script: no call of its own."""
+        self.broker.free_key_slot(queue, key, holder)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._free_key_slots())
 
     async def _free_key_slots(self) -> None:
         """Free the key slots no fetch carried within ``KEY_SLOT_WAIT_S`` (the worker fetched other queues, or

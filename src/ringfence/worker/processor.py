@@ -123,19 +123,30 @@ class Processor:
 
     # -- one job --------------------------------------------------------------------------------
     def _start_sync(self, r: Running, a: Admitted) -> bool:
-        """An admitted sync job with no gate: its handler's call is queued for the job threads, and its verdict is
-        recorded by ``_returned`` (a Task and its wake-up per job spared). False: ``_execute`` runs it (an async or
-        gated one, or one whose earlier run still holds a thread here)."""
-        if a.task.is_async or self.gates.applies(r.job, a.task):
+        """An admitted sync job with no gate but its concurrency key's slot (fetch.lua took it): its handler's call
+        is queued for the job threads, and its verdict is recorded by ``_returned`` (a Task and its wake-up per job
+        spared). False: ``_execute`` runs it (an async one, one with another gate, or one whose earlier run still
+        holds a thread here)."""
+        task = a.task
+        if task.is_async:
             return False
-        return self.runner.start_sync(r, a, self._returned)
+        keyed = self.gates.applies(r.job, task)
+        if keyed and not self.gates.hold_key(r.job, task):
+            return False
+        if self.runner.start_sync(r, a, self._returned):
+            return True
+        if keyed:
+            self.gates.held.pop(r.job.id, None)  # ``_execute`` takes it again
+        return False
 
     def _returned(self, run: SyncRun) -> None:
         """(on the loop, from the job threads' hand-back) ``_execute``'s end for a job ``_start_sync`` started: a
         plain ack is recorded here; anything to await (observers, another verdict) goes to a Task."""
         r, a = run.owner
         if r.abandoned:
-            return  # ``drain`` gave it up: nothing is recorded
+            return  # ``drain`` gave it up: nothing is recorded; its key's slot ends with its lease
+        if self.gates.held:
+            self.gates.release_key(r.job)  # its thread returned: the key's next job may run
         try:
             verdict = self.runner.outcome(r, a, run)
             if self.observers.hears_ran(a.task):
@@ -208,7 +219,8 @@ class Processor:
             return admitted
         task = admitted.task
         gated = self.gates.applies(job, task)
-        if gated:
+        key_only = gated and self.gates.hold_key(job, task)  # its key's slot alone: nothing to await
+        if gated and not key_only:
             wait = await self.gates.enter(job, task)
             if isinstance(wait, Verdict):  # its concurrency key cannot be built: dead-letter
                 return wait
@@ -217,7 +229,9 @@ class Processor:
         try:
             verdict = await self.runner.run(r, admitted)
         finally:
-            if gated and not r.abandoned:  # an abandoned thread keeps its slots until their leases lapse
+            if key_only and not r.abandoned:  # an abandoned thread keeps its slots until their leases lapse
+                self.gates.release_key(job)
+            elif gated and not r.abandoned:
                 await self.gates.release(job)
         await self.observers.ran(job, task, verdict)
         return verdict

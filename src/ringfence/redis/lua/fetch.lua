@@ -53,10 +53,7 @@ end
 
 --@include keyed
 local max, pfx = tonumber(ARGV[2]), KEYS[10]
-for i = 7, #ARGV, 2 do
-  redis.call('ZREM', pfx .. 's:' .. ARGV[i], ARGV[i + 1])
-  if redis.call('ZREM', pfx .. 'parked', ARGV[i]) == 1 then redis.call('LPUSH', pfx .. 'ring', ARGV[i]) end
-end
+if #ARGV >= 7 then free_slots(pfx, ARGV, 7) end
 if redis.call('EXISTS', KEYS[6]) == 1 then return done({}, 0, true, true) end
 local out, duplicates = {}, 0
 
@@ -67,28 +64,27 @@ local function entry_spec(entry)
   return entry, redis.call('HGET', KEYS[2], entry), false
 end
 
--- Lease one pending entry (and its key's slot); returns 1 if a job was leased.
-local function lease(entry, slots)
+-- Lease one pending entry; returns its id if a job was leased (take_turns then takes its key's slot).
+local function lease(entry)
   local id, spec, inline = entry_spec(entry)
   if inline and redis.call('HSETNX', KEYS[2], id, spec) == 0 then
     duplicates = duplicates + 1  -- a second copy: dropped, counted below
-    return 0
+    return nil
   end
   if not spec then
     redis.call('HINCRBY', KEYS[7], 'dangling', 1)
     out[#out + 1] = id
     out[#out + 1] = ''
     out[#out + 1] = 0
-    return 0
+    return nil
   end
   local n = redis.call('HINCRBY', KEYS[5], id, 1)
   redis.call('ZADD', KEYS[3], ARGV[1], id)
   redis.call('HSET', KEYS[4], id, ARGV[3])
-  if slots then redis.call('ZADD', slots, ARGV[1], id) end
   out[#out + 1] = id
   out[#out + 1] = spec
   out[#out + 1] = n
-  return 1
+  return id
 end
 
 local keyed = redis.call('EXISTS', pfx .. 'ring', pfx .. 'parked') > 0
@@ -112,7 +108,7 @@ local function take(n)
       limits[key] = limit or limits[key]
       keyed = true
     else
-      lease(entry, nil)
+      lease(entry)
     end
   end
   sort(pfx, KEYS[7], order, sorted, limits)
@@ -131,7 +127,7 @@ if keyed then
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
-  take_turns(pfx, KEYS[7], max - #out / 3, now, lease)
+  take_turns(pfx, KEYS[7], max - #out / 3, now, ARGV[1], lease)
   empty = empty and redis.call('LLEN', pfx .. 'ring') == 0
 end
 if duplicates > 0 then redis.call('HINCRBY', KEYS[7], 'duplicates', duplicates) end
