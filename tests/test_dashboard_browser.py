@@ -276,3 +276,36 @@ def test_odd_cookies_forged_messages_and_the_reconcile_page(browser: Any, env: E
     assert "alice@example.org" not in page.content() and "hash-of-alice" not in page.content()
     shot(page, "reconcile")
     page.close()
+
+
+def test_jobs_waiting_for_their_key_on_the_pending_page_and_a_cancel_there(browser: Any, env: Env) -> None:
+    """A real worker runs account 7's one job at a time: the jobs waiting for its slot are on the pending page,
+    marked with the key; a click on Cancel comes back to that page and the worker never runs that job."""
+    from test_concurrency_key import keyed_task
+
+    task = keyed_task(env.app, limit=1)
+    url = env.dashboard()
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    login(page, url)
+    holder = task.enqueue(account="7", n=0, sleep_s=8.0)  # the time the page below has to show the others
+    waiting = [task.enqueue(account="7", n=i, sleep_s=0.05) for i in range(1, 4)]
+    proc = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", "concurrencykeyapp:app"],
+                            env={**env.env, "TEST_KEY_LIMIT": "1"}, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    env.procs.append(proc)
+    b = env.app.broker
+    wait_until(lambda: b.job_state("default", holder) == "active"
+               and all(b.job_state("default", j) == "waiting for its key's slot: account:7" for j in waiting),
+               timeout=30)
+    page.goto(url + "/queues/default/pending")
+    for job in waiting:
+        assert page.locator(f"tr[data-job='{job}'] td.key").inner_text() == "account:7"
+    shot(page, "pending-keyed")
+    page.click(f"tr[data-job='{waiting[1]}'] button:has-text('Cancel')")
+    page.wait_for_selector(f"text=cancelled job {waiting[1]} (was waiting for its key's slot: account:7 in default)")
+    assert page.url.split("?")[0] == url + "/queues/default/pending"
+    assert page.locator(f"tr[data-job='{waiting[1]}']").count() == 0
+    wait_until(lambda: int(env.r.get(f"{env.ns}:test:done") or 0) == 3, timeout=30)
+    started = [x.decode().split()[1] for x in env.r.lrange(f"{env.ns}:test:start", 0, -1)]
+    assert sorted(started) == ["0", "1", "3"]
+    page.close()

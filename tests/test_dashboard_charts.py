@@ -60,3 +60,18 @@ def test_queue_and_task_charts_have_axes_and_values_on_hover(make_app: Any, redi
         wait_until(lambda: sum(v for _, v in task_chart()) == 30, timeout=15)  # the workers' next heartbeat
     finally:
         workers.stop()
+
+
+def test_a_chart_of_zeros_has_an_axis_from_0_to_1(make_app: Any) -> None:
+    """A queue with nothing failed: its failures chart has two distinct ends and its line lies on the 0."""
+    from ringfence.dashboard.charts import PAD, H
+
+    app: App = make_app()
+    app.task(name="quick")(lambda ctx, **kw: None)
+    app.enqueue("quick", n=1)
+    fig = figure(TestClient(create_app(app)).get("/queues/default/pending").text, "Failures, last hour (per minute)")
+    assert all(v == 0 for _, v in points(fig)) and len(points(fig)) == 60
+    assert '<div class="yaxis"><span>1</span><span>0</span></div>' in fig
+    line = re.search(r'<polyline class="s-bad" fill="none" points="([^"]+)"', fig)
+    assert line is not None and {p.split(",")[1] for p in line[1].split()} == {f"{H - PAD:.1f}"}
+    assert "<small>max 0</small>" in fig

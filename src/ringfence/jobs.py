@@ -62,10 +62,18 @@ NOT_KEPT = ("args", "attempts", "history", "enqueued_ms", "traceback", "died_ms"
 
 
 def find_job(app: Live, job_id: str) -> JobView | None:
-    """The job with this id in any queue and state (dead included), or None."""
+    """The job with this id in any queue and state (dead included), or None. The job's own records first (in
+    every queue, then a stored result, then the failed_jobs table): only a job found in none of them is looked
+    for among the inline pending entries, which only a generated id can be (``may_be_inline``)."""
+    queues = app.broker.queues()
+    found = _in_queues(app, queues, job_id, scan=False) or _finished(app, job_id) or _sql_only(app, job_id)
+    return found or _in_queues(app, queues, job_id, scan=True)
+
+
+def _in_queues(app: Live, queues: list[str], job_id: str, scan: bool) -> JobView | None:
     broker = app.broker
-    for queue in broker.queues():
-        state, inline = broker.job_lookup(queue, job_id)  # inline: the spec an inline pending job's scan found
+    for queue in queues:
+        state, inline = broker.job_lookup(queue, job_id, scan)  # inline: the spec an inline pending job's scan found
         if state is None:
             continue
         if state == "dead":
@@ -83,7 +91,7 @@ def find_job(app: Live, job_id: str) -> JobView | None:
             continue  # left the queue meanwhile: look on
         _fill(view, raw)
         return view
-    return _finished(app, job_id) or _sql_only(app, job_id)
+    return None
 
 
 def _finished(app: Live, job_id: str) -> JobView | None:
@@ -136,16 +144,18 @@ def browse(app: Live, queue: str, state: str, offset: int = 0, count: int = 50) 
     if state == "dead":
         ids = [i for i, _ in broker.page(queue, state, offset, count)]
         return [_dead_view(DeadJob.decode(queue, i, raw)) for i, raw in broker.dead_records(queue, ids)]
-    return _views(app, queue, state, broker.page_specs(queue, state, offset, count))
+    return views_of(app, queue, state, broker.page_specs(queue, state, offset, count))
 
 
 def by_ids(app: Live, queue: str, state: str, ids: list[str]) -> list[JobView]:
     """The scheduled or retrying jobs ``ids`` of ``queue`` as ``browse`` shows them (one round trip each for
     their records, attempts and histories)."""
-    return _views(app, queue, state, list(zip(ids, app.broker.specs(queue, ids), strict=True)))
+    return views_of(app, queue, state, list(zip(ids, app.broker.specs(queue, ids), strict=True)))
 
 
-def _views(app: Live, queue: str, state: str, page: list[tuple[str, bytes | None]]) -> list[JobView]:
+def views_of(app: Live, queue: str, state: str, page: list[tuple[str, bytes | None]]) -> list[JobView]:
+    """Jobs of ``queue`` in ``state`` from their (id, spec) pairs (spec None: shown without task and payload),
+    with their attempts and histories read in one round trip."""
     broker = app.broker
     ids = [job_id for job_id, _ in page]
     k = broker.keys.queue(queue)

@@ -10,8 +10,9 @@ from typing import Any
 from ringfence.errors import BadRecord, CannotConnect
 from ringfence.models import DeadJob, JobSpec
 from ringfence.redis.broker import Broker
+from ringfence.redis.call import as_text
 from ringfence.redis.connection import UNAVAILABLE
-from ringfence.redis.keys import logical_queue
+from ringfence.redis.keys import logical_queue, split_entry
 from ringfence.redis.topology import node_of, prepare_reads
 
 
@@ -190,3 +191,92 @@ def find_dead(broker: Broker, job_id: str) -> DeadJob | None:
         for _, record in broker.dead_records(queue, [job_id]):
             return DeadJob.decode(queue, job_id, record)
     return None
+
+
+@dataclass(frozen=True)
+class KeyWaiting:
+    """A pending job a fetch sorted into its concurrency key's list (redis/lua/_keyed.lua): its key ('' for a
+    job without one, in a queue that holds keyed jobs), id, spec (None: its record is gone), and ``after``, the
+    cursor of the job that follows it."""
+
+    key: str
+    job_id: str
+    spec: bytes | None
+    after: tuple[int, int]
+
+
+KEY_ROUNDS = 3  # reads of keys a page makes at most: keys emptied between two reads leave it short
+
+
+def key_waiting(broker: Broker, queue: str, at: tuple[int, int], count: int) -> list[KeyWaiting]:
+    """Up to ``count`` jobs waiting in the queue's concurrency keys' lists from cursor ``at`` = (i, j): the
+    i-th key in the order fetch takes them (the ring from its next key, then the parked keys by when they are
+    looked at again), its j-th job from its oldest. Each key read holds at least one job, so a page reads at
+    most count + 1 keys and count entries, however deep it is and however many jobs wait. The order moves as
+    workers take jobs, as the pending list's does."""
+    out: list[KeyWaiting] = []
+    pfx = broker.keys.keyed(queue)
+    i, j = at
+    for _ in range(KEY_ROUNDS):
+        want = count - len(out)
+        keys, total = _keys_from(broker, pfx, i, want + 1) if want > 0 else ([], 0)
+        if not keys:
+            break
+        p = broker.sync.pipeline(transaction=False)
+        for key in keys:
+            p.llen(pfx + "q:" + key)
+        spans = []  # (position, key, first, n): the key's n jobs from its first-oldest
+        seen: set[str] = set()
+        for n, (key, size) in enumerate(zip(keys, p.execute(), strict=True)):
+            if key in seen:  # a key met twice in one read (moved from parked to the ring meanwhile): once
+                continue
+            seen.add(key)
+            first = j if n == 0 else 0
+            take = max(0, min(int(size) - first, want))
+            if take:
+                spans.append((i + n, key, first, take))
+                want -= take
+            if not want:
+                break
+        out += _entries(broker, queue, pfx, spans)
+        i, j = i + len(keys), 0  # short of count: every key read is done with
+        if not want or i >= total:
+            break
+    return out
+
+
+def _keys_from(broker: Broker, pfx: str, i: int, n: int) -> tuple[list[str], int]:
+    """``n`` keys from the i-th in fetch order (the ring from its tail, then parked by score), and how many
+    keys there are."""
+    p = broker.sync.pipeline(transaction=False)
+    p.llen(pfx + "ring")
+    p.zcard(pfx + "parked")
+    in_ring, parked = (int(x) for x in p.execute())
+    if i >= in_ring + parked:
+        return [], in_ring + parked
+    p = broker.sync.pipeline(transaction=False)
+    if i < in_ring:
+        p.lrange(pfx + "ring", -min(i + n, in_ring), -(i + 1))
+    if i + n > in_ring:
+        p.zrange(pfx + "parked", max(0, i - in_ring), i + n - 1 - in_ring)
+    got = p.execute()
+    keys = [as_text(k) for k in reversed(got.pop(0))] if i < in_ring else []
+    keys += [as_text(k) for k in (got[0] if got else [])]
+    return keys[:n], in_ring + parked
+
+
+def _entries(broker: Broker, queue: str, pfx: str, spans: list[tuple[int, str, int, int]]) -> list[KeyWaiting]:
+    """The entries of ``spans`` oldest first, with their specs (inline, else one HMGET for the page)."""
+    if not spans:
+        return []
+    p = broker.sync.pipeline(transaction=False)
+    for _, key, first, n in spans:
+        p.lrange(pfx + "q:" + key, -(first + n), -(first + 1))
+    found = []
+    for (pos, key, first, _), raw in zip(spans, p.execute(), strict=True):
+        for k, entry in enumerate(reversed(raw)):
+            job_id, spec = split_entry(entry)
+            found.append((key, job_id, spec, (pos, first + k + 1)))
+    stored = iter(broker.specs(queue, [f[1] for f in found if f[2] is None]))
+    return [KeyWaiting(key, job_id, spec if spec is not None else next(stored), after)
+            for key, job_id, spec, after in found]

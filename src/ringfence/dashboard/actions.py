@@ -109,8 +109,13 @@ async def _cancel(d: Dashboard, request: Request, form: Any) -> Response:
     log.warning("dashboard: %s", msg)  # the CLI prints its own line; a click on a page leaves this one
     if left.endswith("dead"):  # it owns a fence step past capture: kept in dead-letter, shown there
         return _back(d, request, "/jobs", id=job_id, msg=msg)
-    state = left if left in ("pending", "scheduled", "retry") else "active"
-    return _back(d, request, f"/queues/{queue}/{state}", msg=msg)
+    return _back(d, request, f"/queues/{queue}/{page_of(left)}", msg=msg)
+
+
+def page_of(state: str) -> str:
+    """The queue's page that lists a job in ``state``: pending for every pending one (in the pending list or
+    waiting for its key's slot) and for one waiting for its dependencies (depends_on: no page lists those)."""
+    return state if state in ("scheduled", "retry", "active") else "pending"
 
 
 async def _purge(d: Dashboard, request: Request, form: Any) -> Response:

@@ -13,9 +13,10 @@ W, H, PAD = 560, 120, 4
 
 def line_chart(title: str, series: Sequence[tuple[str, Sequence[float], str]], left: str, right: str = "now",
                unit: str = "", totals: bool = True, labels: Sequence[str] | None = None) -> Markup:
-    """``series``: (name, values oldest first, css class). The y axis starts at 0 and ends at the largest value,
-    both written beside it. The legend sums each series (``totals``) or gives its largest value (a gauge such as
-    latency). ``labels``: each point's time; hovering a point's column shows it with every series' value."""
+    """``series``: (name, values oldest first, css class). The y axis starts at 0 and ends at the largest value
+    (1 when every value is 0, so the axis still has two ends), both written beside it. The legend sums each
+    series (``totals``) or gives its largest value (a gauge such as latency). ``labels``: each point's time;
+    hovering a point's column shows it with every series' value."""
     peak = max((v for _, values, _ in series for v in values), default=0.0)
     top = peak or 1.0
     lines = []
@@ -30,7 +31,7 @@ def line_chart(title: str, series: Sequence[tuple[str, Sequence[float], str]], l
     mid = labels[len(labels) // 2] if labels else ""
     return Markup(
         f'<figure class="chart"><figcaption>{escape(title)} <small>max {peak:g}{escape(unit)}</small></figcaption>'
-        f'<div class="plot"><div class="yaxis"><span>{peak:g}{escape(unit)}</span><span>0</span></div>'
+        f'<div class="plot"><div class="yaxis"><span>{top:g}{escape(unit)}</span><span>0</span></div>'
         f'<svg viewBox="0 0 {W} {H}" preserveAspectRatio="none" role="img" aria-label="{escape(title)}">'
         f'<line class="grid" x1="0" y1="{H / 2}" x2="{W}" y2="{H / 2}"/>'
         f'<line class="axis" x1="0" y1="{H - PAD}" x2="{W}" y2="{H - PAD}"/>{"".join(lines)}'

@@ -15,7 +15,7 @@ from ringfence.dashboard import actions, search, views
 from ringfence.dashboard.page import BadInput, Dashboard, seconds, whole
 from ringfence.dashboard.security import Guard
 from ringfence.queries import queue_gauges
-from ringfence.redis.admin import STATES
+from ringfence.redis.admin import KEY_WAIT, STATES
 
 if TYPE_CHECKING:
     from ringfence.app import App
@@ -55,13 +55,16 @@ def build(app: App, *, read_only: bool, token: str | None, authorize: Any, redac
         flt = {"task": q.get("task", "").strip(), "error": q.get("error", "").strip(),
                "min_age_s": seconds(q.get("min_age_s"), "min_age_s"), "payload": payload,
                "field": search.payload_field(payload, d.redact_fields)}
-        offset = whole(q.get("offset"), "offset")
-        found = search.scan(app, queue, state, offset, flt)
+        at = search.At.parse(whole(q.get("offset"), "offset"), q.get("keyed") if state == "pending" else None)
+        found = search.scan(app, queue, state, at, flt)
+        gauges = queue_gauges(app.broker, queue)
         return d.render(request, "browse.html", page="jobs", queue=queue, state=state, jobs=found.jobs, flt=flt,
-                        offset=offset, next_offset=found.next_offset, scan=found, states=STATES,
+                        at=at, next_at=found.next_at, scan=found, states=STATES,
                         due=views.due_times(app, queue, state, [j.id for j in found.jobs]),
-                        charts=views.queue_charts(app, queue) if state == "pending" and not offset else [],
-                        paused=queue_gauges(app.broker, queue)["paused"])
+                        keys={j.id: j.state.removeprefix(KEY_WAIT) for j in found.jobs if j.state.startswith(KEY_WAIT)},
+                        key_waiting=state == "pending" and gauges["stats"].get("keyed_waiting", 0) > 0,
+                        charts=views.queue_charts(app, queue) if state == "pending" and at == search.At() else [],
+                        paused=gauges["paused"])
 
     def fences(request: Request) -> Response:
         replay = request.query_params.get("replay", "")

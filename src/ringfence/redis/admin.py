@@ -3,6 +3,7 @@ worker's transitions in ``broker.py``. Every read is bounded: a page, a batch, o
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -27,6 +28,16 @@ OLDEST_FIRST = 1000
 KEY_WAIT = "waiting for its key's slot: "
 
 
+#: The ids ``models.new_job_id`` generates: the only ones an inline pending entry holds (client.py puts a job
+#: inline only with an id it generated), so an id of another form needs no scan of the pending lists.
+_GENERATED = re.compile(r"[a-z2-7]{16}")
+
+
+def may_be_inline(job_id: str) -> bool:
+    """Whether ``job_id`` could be an inline pending job's (keys.py): one ``new_job_id`` generates."""
+    return _GENERATED.fullmatch(job_id) is not None
+
+
 def is_pending(state: str | None) -> bool:
     """Whether a state of ``job_state`` is a pending one: in the pending list or waiting in its key's list."""
     return state == "pending" or (state or "").startswith(KEY_WAIT)
@@ -48,7 +59,7 @@ class Admin:
     def inline_entry(self, queue: str, job_id: str) -> bytes:
         """The job's inline pending entry (``<id><spec>``, keys.py) for ``cancel``, or b"" when its spec is in
         the jobs hash or it is not pending: a scan of pending only for a job with no record in the hash."""
-        if self.sync.hexists(self.keys.queue(queue).jobs, job_id):
+        if self.sync.hexists(self.keys.queue(queue).jobs, job_id) or not may_be_inline(job_id):
             return b""
         found = self._pending_entry(queue, job_id)
         if found is None:
@@ -83,16 +94,17 @@ class Admin:
     def job_state(self, queue: str, job_id: str) -> str | None:
         """Where job ``job_id`` is in ``queue``: a state of STATES, 'unknown' (a record in no set: being moved),
         or None when the queue has no such job. Pending is found by LPOS (one scan of the list in Redis), an
-        inline pending job (no record in the jobs hash, keys.py) in the oldest entries, then by a scan in slices
-        (pending_entry). A pending job a fetch sorted into its concurrency key's list reads ``KEY_WAIT`` and the
-        key."""
+        inline pending job (no record in the jobs hash, keys.py; only a generated id, ``may_be_inline``) in the
+        oldest entries, then by a scan in slices (pending_entry). A pending job a fetch sorted into its
+        concurrency key's list reads ``KEY_WAIT`` and the key."""
         return self.job_lookup(queue, job_id)[0]
 
-    def job_lookup(self, queue: str, job_id: str) -> tuple[str | None, bytes | None]:
+    def job_lookup(self, queue: str, job_id: str, scan: bool = True) -> tuple[str | None, bytes | None]:
         """``job_state`` and, for an inline pending job, its spec as the scan found it (None otherwise: the spec
-        is in the jobs hash, ``job_spec``), so that a job page scans the pending list once."""
+        is in the jobs hash, ``job_spec``), so that a job page scans the pending list once. ``scan=False``: the
+        job's own records only (one round trip), no scan for an inline entry."""
         state = self._job_state(queue, job_id)
-        if state is not None:
+        if state is not None or not scan or not may_be_inline(job_id):
             return state, None
         entry = self._pending_entry(queue, job_id)
         spec = split_entry(entry)[1] if entry is not None else None
