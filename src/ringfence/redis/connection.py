@@ -12,6 +12,7 @@ factories (``RedisClients``).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -178,13 +179,37 @@ def sync_client(url: str, settings: ConnectionSettings) -> redis.Redis:
     return redis.Redis.from_url(url, retry=retry, **settings._options())
 
 
+#: The functions of redis-py's asyncio cluster client that close it after a failure they handle themselves
+#: (CLUSTERDOWN, a pipeline's connection error; before redis-py 8 any connection error), to reload its slot map.
+_OWN_RESETS = frozenset({"_execute_command", "execute"})
+
+
+class _AsyncCluster(aiocluster.RedisCluster):
+    """redis-py's asyncio cluster client, but a failure it handles itself closes no connection. Its ``aclose``
+    closed every connection of every node and forgot the default node: with one master dead, each call to it from
+    a pipeline (the wake marks) did so. The calls other coroutines had in flight on healthy masters lost their
+    replies, the wake subscriptions of healthy masters reconnected (losing the jobs leased in the messages sent
+    meanwhile), and until the slot map was reloaded the scripts of healthy queues went to a random node, the dead
+    one too (the node gate then held back the healthy master itself). Now such a close only has the slot map
+    reloaded before the next call, which is what it was for; ``aclose`` called from anywhere else closes."""
+
+    async def aclose(self) -> None:
+        frame = inspect.currentframe()
+        caller = frame.f_back if frame is not None else None
+        if (caller is not None and caller.f_code.co_name in _OWN_RESETS
+                and caller.f_globals.get("__name__") == aiocluster.__name__):
+            self._initialize = True
+            return
+        await super().aclose()
+
+
 def async_client(url: str, settings: ConnectionSettings) -> aioredis.Redis:
     t = parse_target(url)
     opts = {**settings._options(), **dict(t.options)}
     if t.kind == "cluster":
         nodes = [aiocluster.ClusterNode(h, p) for h, p in t.nodes]
         retry = AsyncRetry(ExponentialBackoff(cap=0.5, base=0.1), 1)
-        return cast(aioredis.Redis, aiocluster.RedisCluster(startup_nodes=nodes, retry=retry, **opts))
+        return cast(aioredis.Redis, _AsyncCluster(startup_nodes=nodes, retry=retry, **opts))
     aretry = AsyncRetry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
     if t.kind == "sentinel":
         sentinel = aiosentinel.Sentinel(  # type: ignore[no-untyped-call]

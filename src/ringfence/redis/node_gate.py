@@ -10,6 +10,8 @@ failover the reloaded map names the promoted replica, whose calls pass."""
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import redis
@@ -34,8 +36,9 @@ class NodeGate:
         now = time.monotonic()
         if until is None:
             # A node no key maps to any more (its slots moved to the promoted replica) is never probed again.
-            for stale in [n for n, t in self.down.items() if t < now - DOWN_S]:
-                del self.down[stale]
+            for stale, t in list(self.down.items()):  # a copy: the sync client's gate is shared by threads
+                if t < now - DOWN_S:
+                    self.down.pop(stale, None)
             return name
         if now < until:
             raise redis.ConnectionError(f"Redis Cluster node {name} did not answer within the last {DOWN_S:g}s; "
@@ -54,3 +57,14 @@ class NodeGate:
     def answered(self, name: str | None) -> None:
         if name is not None and self.down:
             self.down.pop(name, None)
+
+    @asynccontextmanager
+    async def through(self, client: Any, key: str) -> AsyncIterator[None]:
+        """The calls of the ``async with`` body (a pipeline on ``key``'s node) pass the gate as one call."""
+        node = self.check(client, key)
+        try:
+            yield
+        except (redis.ConnectionError, redis.TimeoutError):
+            self.failed(client, key)
+            raise
+        self.answered(node)

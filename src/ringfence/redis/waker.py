@@ -13,6 +13,7 @@ import redis
 
 from ringfence.models import Fetched
 from ringfence.redis.broker import Broker
+from ringfence.redis.connection import UNAVAILABLE
 from ringfence.redis.keys import QueueKeys
 from ringfence.redis.raw_calls import told
 from ringfence.redis.shards import RETRY_S, ShardReaders
@@ -100,7 +101,9 @@ class Waker:
             await p.execute()
 
     async def _unmark(self, k: QueueKeys) -> None:
-        async with self.broker.aio.pipeline(transaction=False) as p:
+        # Through the node gate: a dead master's pipeline would cost each call a slot map reload and a 0.25 s sleep
+        async with self.broker.gate.through(self.broker.aio, k.idle), \
+                self.broker.aio.pipeline(transaction=False) as p:
             p.zrem(k.idle, self.worker_id)
             p.hdel(k.idle_lease, self.worker_id)
             await p.execute()
@@ -138,12 +141,18 @@ class Waker:
         self.pushed = []
         return out
 
-    async def hand_back(self, job: Fetched) -> None:
-        """Give a pushed job back at once, its attempt not counted (a no-op once its lease ran out)."""
+    async def hand_back(self, job: Fetched) -> bool:
+        """Give a pushed job back at once, its attempt not counted (a no-op once its lease ran out). False when its
+        node did not answer: that job waits for its lease to end (then the recoverer has it), and the caller goes on
+        with the other jobs read with it (raising here left them all leased to this worker, unstarted)."""
         self.handed_back += 1
         self.taken.pop(job.token, None)
-        await self.broker.arun(self.broker.requeue(job.queue, job.id, job.token, self.broker.clock(),
-                                                   "handed_back"))
+        try:
+            await self.broker.arun(self.broker.requeue(job.queue, job.id, job.token, self.broker.clock(),
+                                                       "handed_back"))
+        except UNAVAILABLE:
+            return False
+        return True
 
     async def _wait_sharded(self, timeout_s: float) -> bool:
         # Each node's reader task fills the inbox; the wait ends at the first message (or the timeout).
@@ -218,7 +227,9 @@ class Waker:
         self._prune_at = max(PRUNE_AT, 2 * len(self.taken))
 
     async def _forget(self, taken: list[tuple[str, tuple[str, str]]]) -> None:
-        async with self.broker.aio.pipeline(transaction=False) as p:
+        lease = self.broker.keys.queue(taken[0][1][0]).lease  # one queue's (a Cluster), or all on one Redis
+        async with self.broker.gate.through(self.broker.aio, lease), \
+                self.broker.aio.pipeline(transaction=False) as p:
             for _, (queue, job_id) in taken:
                 p.hget(self.broker.keys.queue(queue).lease, job_id)
             holders = await p.execute()
