@@ -111,6 +111,7 @@ class Broker(Reads, Admin):
         self._adirect: AsyncDirectCalls | None = None
         self._adirect_checked = False  # the same for the asyncio client
         self.gate = NodeGate()  # a Cluster node that just failed a call is asked again once per DOWN_S
+        self.sync_gate = NodeGate()  # the same for the sync client (producers' calls, from any thread)
 
     def precise_ms(self) -> float:
         """Now in ms with µs precision (the injected clock as is, when one was given)."""
@@ -199,6 +200,7 @@ class Broker(Reads, Admin):
 
     def run(self, call: Call[T], report: bool = True) -> T:
         """Run ``call``; ``report=False``: an unreachable Redis is left to the caller to report (no log line)."""
+        node = self.sync_gate.check(self.sync, call.keys[0]) if self.cluster and call.keys else None
         try:
             source, sha = script(call.name).for_server(self.supports_flags(), self.cluster)
             direct = self._direct if self._direct_checked else self.direct()
@@ -214,9 +216,12 @@ class Broker(Reads, Admin):
         except NoPermissionError as exc:
             raise not_permitted(_shown(call.name), exc) from exc
         except UNAVAILABLE as exc:
+            if self.cluster and call.keys and isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+                self.sync_gate.failed(self.sync, call.keys[0])
             if report:
                 self.health.lost(exc)
             raise
+        self.sync_gate.answered(node)
         if report:
             self.health.ok()
         return call.parse(raw)
@@ -448,17 +453,18 @@ class Broker(Reads, Admin):
                     [f"{worker}.p", self.clock(), k.wake, *held], as_texts)
 
     def dead(self, queue: str, job_id: str, token: str, entry: dict[str, Any],
-             fields: dict[str, Any], durable: bool = False, step: tuple[str, int, bytes] | None = None
+             fields: dict[str, Any], durable: bool = False, step: tuple[list[str], list[Any]] | None = None
              ) -> Call[bool]:
         """Move the job to dead-letter; ``durable``: a failed_jobs row is owed for it (``durable`` set). ``step``:
-        (workflow id, step index, failure JSON) of a workflow step, whose workflow learns of it in the same call."""
+        the keys and arguments of a workflow step (redis/workflows.py ``dead_parts``): its workflow learns of it in
+        the same call, or, for a step of another queue than its workflow's, its slot records it on its way there."""
         k = self.keys.queue(queue)
         keys = [k.active, k.lease, k.jobs, k.attempts, k.history, k.dead, k.dead_jobs, k.stats, k.durable, k.minutes,
                 k.waiters, k.waiting]
-        args = [job_id, token, self.clock(), orjson.dumps(entry), orjson.dumps(fields), int(durable)]
+        args: list[Any] = [job_id, token, self.clock(), orjson.dumps(entry), orjson.dumps(fields), int(durable)]
         if step is not None:
-            keys += [k.pending, k.idle, self.keys.workflow(queue, step[0])]
-            args += [step[1], step[2], k.wake]
+            keys += step[0]
+            args += step[1]
         return Call("dead", keys, args, bool)
 
     async def durable_done(self, queue: str, ids: Sequence[str]) -> None:
