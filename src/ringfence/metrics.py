@@ -35,6 +35,7 @@ from prometheus_client.utils import floatToGoString
 
 from ringfence.queries import queue_gauges
 from ringfence.redis.broker import Broker
+from ringfence.redis.keys import PARTITION, logical_queue
 
 OUTCOMES = ("ack", "retry", "dead", "requeue")
 FENCE_OUTCOMES = ("captured", "skipped_done", "resumed", "in_doubt", "conflict", "fenced_out")
@@ -116,6 +117,7 @@ class Metrics:
         self._recent: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=200))
         self._tallies: dict[tuple[str, str], _Tally] = {}
         self._outcomes: dict[tuple[str, str, str], Any] = {}  # the finished counter's child per outcome
+        self._queues: dict[str, str] = {}  # queue -> its label: a partition's is its queue's (queue_labels)
         self._minutes = _Minutes()
 
     def _tally(self, task: str, queue: str) -> _Tally:
@@ -127,8 +129,10 @@ class Metrics:
     # -- called by the worker --------------------------------------------------------------------
     def job_started(self, task: str, queue: str, latency_s: float) -> None:
         """An attempt started. ``latency_s``: now minus the job's enqueue time (or its due time for a
-        scheduled or retried job); negative values (clock skew) count as 0."""
+        scheduled or retried job); negative values (clock skew) count as 0. A partition's jobs count as its
+        queue's (``hot~2of6``: ``hot``)."""
         latency_s = max(0.0, latency_s)
+        queue = self._queues.get(queue) or self._queues.setdefault(queue, logical_queue(queue))
         with self._lock:
             t = self._tallies.get((task, queue)) or self._tally(task, queue)
             t.started += 1
@@ -139,6 +143,7 @@ class Metrics:
         """An attempt's outcome was recorded. ``outcome`` ∈ ack, retry, dead, requeue (a lost lease records
         nothing: do not call). ``duration_s``: handler start to outcome."""
         observed = max(0.0, duration_s)
+        queue = self._queues.get(queue) or self._queues.setdefault(queue, logical_queue(queue))
         with self._lock:
             finished = self._outcomes.get((task, queue, outcome))
             if finished is None:
@@ -334,13 +339,13 @@ class QueueCollector(Collector):
         for field, doc in _QUEUE_GAUGES.items():
             g = GaugeMetricFamily(f"ringfence_queue_{field}", f"Queue size: {doc}", labels=["queue"])
             for q in queues:
-                g.add_metric([q["queue"]], q[field])
+                g.add_sample(g.name, queue_labels(q["queue"]), q[field])
             yield g
         lat = GaugeMetricFamily("ringfence_queue_latency_seconds", "Age of the oldest pending job", labels=["queue"])
         paused = GaugeMetricFamily("ringfence_queue_paused", "1 while the queue is paused", labels=["queue"])
         for q in queues:
-            lat.add_metric([q["queue"]], q["latency_s"])
-            paused.add_metric([q["queue"]], int(q["paused"]))
+            lat.add_sample(lat.name, queue_labels(q["queue"]), q["latency_s"])
+            paused.add_sample(paused.name, queue_labels(q["queue"]), int(q["paused"]))
         yield lat
         yield paused
 
@@ -350,8 +355,16 @@ class QueueCollector(Collector):
             c = CounterMetricFamily(f"ringfence_queue_jobs_{name}", f"Namespace counter '{name}' of the queue (Redis)",
                                     labels=["queue"])
             for q in queues:
-                c.add_metric([q["queue"]], q["stats"].get(name, 0))
+                c.add_sample(f"{c.name}_total", queue_labels(q["queue"]), q["stats"].get(name, 0))
             yield c
+
+
+def queue_labels(queue: str) -> dict[str, str]:
+    """The labels of a queue's gauges: a partition's (``hot~2of6``) are ``queue="hot", partition="2of6"``, so
+    ``{queue="hot"}`` selects the whole queue and ``sum by (queue)`` adds it up; a plain queue has no partition
+    label."""
+    m = PARTITION.fullmatch(queue)
+    return {"queue": queue} if m is None else {"queue": m.group(1), "partition": f"{m.group(2)}of{m.group(3)}"}
 
 
 class OutboxCollector(Collector):
