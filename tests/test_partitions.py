@@ -406,3 +406,40 @@ def test_the_doctor_names_partitions_no_worker_serves(hot: App, redis_url: str, 
     report = diagnose(hot, Thresholds(sample_s=0.2))
     unserved = sorted(f.subject for f in report.findings if f.check == "queue_unserved")
     assert unserved == [partition_name("hot", i, PARTS) for i in range(PARTS)]
+
+
+def test_the_queues_own_list_is_fetched_when_due_last_otherwise_and_in_turn_while_it_holds_jobs() -> None:
+    """A round fetches "hot" itself first once due (at start, then PLAIN_EVERY_S after it was found empty),
+    else after the partitions (only a round that found them all empty reaches it); while it holds jobs it
+    takes its turn with the partitions."""
+    from ringfence.worker.partitions import PLAIN_EVERY_S, FetchOrder, expand
+
+    now = [100.0]
+    order = FetchOrder(expand([("hot", 1), ("low", 1)], {"hot": PARTS}), clock=lambda: now[0])
+    parts = [partition_name("hot", i, PARTS) for i in range(PARTS)]
+    assert order.next(strict=True)[0] == "hot"
+    order.fetched("hot", empty=True)
+    for _ in range(3):
+        assert order.next(strict=True)[-1] == "hot" and order.next(strict=True).count("hot") == 1
+    now[0] += PLAIN_EVERY_S
+    assert order.next(strict=True)[0] == "hot"
+    order.fetched("hot", empty=False)
+    firsts = [order.next(strict=True)[0] for _ in range(PARTS + 1)]
+    assert sorted(firsts) == sorted([*parts, "hot"])
+    assert order.next(strict=True)[-1] == "low"
+
+
+def test_a_busy_worker_fetches_the_queues_own_list_within_the_bound(
+        hot: App, make_app: Callable[..., App], workers: Callable[..., subprocess.Popen[bytes]], rdb: redis.Redis,
+        namespace: str) -> None:
+    """Jobs enqueued into "hot" itself while one worker drains a 5,000-job backlog of the partitions start before the
+    backlog is done: the worker looks at its own list every PLAIN_EVERY_S, not only once the partitions are
+    empty."""
+    hot.enqueue_many("spread", [{"n": n} for n in range(5000)])
+    workers("--concurrency", "1")
+    wait_until(lambda: len(_runs(rdb, namespace)) >= 50)
+    plain = make_app()
+    plain.task(name="spread", queue="hot")(_spread)
+    plain.enqueue_many("spread", [{"n": n} for n in range(3)])
+    wait_until(lambda: sum(r[2] == "hot" for r in _runs(rdb, namespace)) == 3, timeout=30, interval=0.02)
+    assert sum(_pending(hot).values()) > 0, "the jobs of hot itself waited for the partitions' backlog"

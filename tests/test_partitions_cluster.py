@@ -1,5 +1,5 @@
 """A partitioned queue on a private 3-master Redis Cluster, real worker processes: its partitions sit one per
-master, the commands each master serves during a drain are within 20 % of each other, and a master failing over
+master, the commands each master serves during a drain are within 15 % of each other, and a master failing over
 mid-drain loses no job and repeats no fenced effect."""
 
 from __future__ import annotations
@@ -91,9 +91,8 @@ def test_a_drain_spreads_the_commands_evenly_over_the_masters(tmp_path: Path, re
         idle_rate = {p: (before[p] - idle0[p]) / (t1 - t0) for p in cluster.ports}
         served = {p: after[p] - before[p] - round(idle_rate[p] * (t2 - t1)) for p in cluster.ports}
         spread = (max(served.values()) - min(served.values())) / max(served.values())
-        # 8-13 % apart on a quiet machine, 16 % once in CI: the master that also holds the queue's own list serves
-        # the fetch each worker makes there in every round.
-        assert spread <= 0.20, f"commands per master during the drain: {served} ({spread:.0%} apart)"
+        # the queue's own list is fetched only when due (worker/partitions.py): its master serves no fetch per round
+        assert spread <= 0.15, f"commands per master during the drain: {served} ({spread:.0%} apart)"
         assert record.llen(f"{ns}:test:runs") == jobs
         record.delete(f"{ns}:test:runs")
     finally:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ringfence.queries import queue_gauges
 from ringfence.redis.broker import Broker
 from ringfence.redis.connection import UNAVAILABLE
+from ringfence.redis.keys import logical_queue
 from ringfence.redis.topology import node_of
 
 if TYPE_CHECKING:
@@ -87,8 +88,12 @@ class Snapshot:
         return int(q["stats"].get(name, 0)) if q else 0
 
     def listed_by(self, queue: str) -> list[dict[str, Any]]:
-        """Live servers whose ``--queues`` include ``queue``."""
-        return [s for s in self.servers if queue in (s.get("queues") or {})]
+        """Live servers whose ``--queues`` include ``queue``; for a partition, those listing a partition of its
+        queue: they fetch from the partitions of another N too (worker/partitions.py)."""
+        own = logical_queue(queue)
+        if own == queue:
+            return [s for s in self.servers if queue in (s.get("queues") or {})]
+        return [s for s in self.servers if any(q != own and logical_queue(q) == own for q in s.get("queues") or {})]
 
 
 def _said(exc: BaseException) -> str:

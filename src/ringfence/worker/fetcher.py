@@ -13,7 +13,7 @@ from ringfence.models import Fetched
 from ringfence.redis.broker import Broker
 from ringfence.redis.connection import UNAVAILABLE
 from ringfence.redis.waker import Waker
-from ringfence.worker.partitions import FetchOrder
+from ringfence.worker.partitions import LEFTOVER_EVERY_S, FetchOrder
 
 log = logging.getLogger("ringfence.worker")
 
@@ -69,7 +69,9 @@ class Fetcher:
             else:
                 return
         else:  # a queue left out (its node down) is tried again soon, not at the fallback timer
-            await self.until(self.waker.wait(DOWN_S if self.down else self.idle_s))
+            # partitions of another N wake no one (not subscribed): they are fetched again within LEFTOVER_EVERY_S
+            idle_s = min(self.idle_s, LEFTOVER_EVERY_S) if self._order.leftovers else self.idle_s
+            await self.until(self.waker.wait(DOWN_S if self.down else idle_s))
         pushed = self.waker.take()
         if pushed:
             await self.take_pushed(pushed, self._left, start)
@@ -111,6 +113,7 @@ class Fetcher:
         self.down[queue] = time.monotonic() + DOWN_S
 
     async def order(self) -> list[str]:
+        await self._order.look(self.broker)  # partitions of another N holding jobs, now and then
         order = self._order.next(self.strict)
         if not self.max_wait:
             return order
@@ -148,6 +151,7 @@ class Fetcher:
                 continue
             if self.down.pop(queue, None) is not None:
                 log.warning("queue %s: its Redis node answers again; fetching from it", queue)
+            self._order.fetched(queue, empty)
             self._marked = self._marked or (empty and len(got) < free)  # as fetch.lua marks
             dangling = [job_id for job_id, _, attempt in got if attempt == 0]
             if dangling:
