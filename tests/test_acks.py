@@ -37,7 +37,7 @@ async def test_stop_lets_the_ack_in_flight_finish() -> None:
     acks.start()
     acks.add("q", "j1", "t1")
     await asyncio.wait_for(broker.sent.wait(), 5)  # the flusher's call is in flight
-    stopping = asyncio.create_task(acks.stop())
+    stopping = asyncio.create_task(acks.stop(3.0))
     await asyncio.sleep(0.05)
     broker.release.set()
     await asyncio.wait_for(stopping, 5)

@@ -3,6 +3,10 @@ worker, an ACL user without and with the cluster commands."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -229,3 +233,38 @@ def test_a_worker_starting_while_its_queues_master_is_down_waits_for_the_failove
         c.stop()
     assert w is not None and w.returncode == 0, out
     assert "wake-up subscriptions" not in out, out
+
+
+def _slow(ctx: object, s: float) -> None:
+    pass
+
+
+def test_a_worker_stopped_while_its_queues_master_is_down_exits_0(tmp_path: Path) -> None:
+    """SIGTERM while a job runs and its queue's master is SIGKILLed (not failed over: node timeout 60 s): the job
+    ends during the shutdown and its ack cannot reach Redis. The worker exits 0, saying the job runs again once
+    its lease lapses; no exit 3 "cannot connect to Redis" for a stop asked for."""
+    c = Cluster(tmp_path, replicas=1, node_timeout_ms=60_000, full_coverage=False)
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    app = App(c.url, ns, environment="test")
+    w = None
+    try:
+        home = app.broker.sync.get_node_from_key(app.broker.keys.queues).name  # type: ignore[attr-defined]
+        victim, queue = next((m, q) for m, q in sorted(queue_per_master(app.broker).items()) if m != home)
+        master = int(victim.rsplit(":", 1)[1])
+        env = {**os.environ, "RINGFENCE_REDIS_URL": c.url, "RINGFENCE_NAMESPACE": ns,
+               "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        w = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", "failoverapp:app",
+                              "--queues", queue], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        job = app.task(name="slow")(_slow).with_options(queue=queue).enqueue(s=2.0)
+        lease = app.broker.keys.queue(queue).lease
+        wait_until(lambda: redis.Redis(port=master).hexists(lease, job) or w.poll() is not None, timeout=60)
+        c.kill(master)
+        w.send_signal(signal.SIGTERM)
+        out = w.communicate(timeout=60)[0].decode(errors="replace")
+    finally:
+        if w is not None and w.poll() is None:
+            w.kill()
+        app.close()
+        c.stop()
+    assert w.returncode == 0, out
+    assert "cannot connect" not in out and f"they run again once their leases lapse: {job}" in out, out

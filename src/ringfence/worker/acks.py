@@ -21,6 +21,9 @@ log = logging.getLogger("ringfence.worker")
 #: the writes of about the last replication lag.
 SENT_KEPT_S = 10.0
 SENT_KEPT_MAX = 100_000  # at most this many (the newest): a bounded memory at any rate
+#: At a stop, acks a node did not take are sent again for this long at most: a Sentinel failover takes 3-4 s, a
+#: Cluster's the node timeout and an election.
+STOP_RETRY_S = 5.0
 
 
 class Acks:
@@ -56,11 +59,25 @@ class Acks:
 
         self.broker.health.on_recovered.append(recovered)
 
-    async def stop(self) -> None:
+    async def stop(self, lease_s: float) -> None:
         """Send what is pending, then stop the flusher: a call the flusher has in flight ends first (cancelled, it
         would leave its jobs leased, acked or not). A Redis loading its data is waited for: a lost ack runs the
-        job again."""
-        await while_loading(self.flush, self.broker.health, self.broker.connection.first_connect_s)
+        job again. A node that does not answer (a master failing over) is asked again for up to ``STOP_RETRY_S``
+        and never past the jobs' lease; then the jobs not acked are named and the stop goes on, its exit code
+        unchanged: they run again once their leases lapse."""
+        deadline = time.monotonic() + min(lease_s, STOP_RETRY_S)
+        while True:
+            try:
+                await while_loading(self.flush, self.broker.health, self.broker.connection.first_connect_s)
+                break
+            except UNAVAILABLE as exc:
+                self.broker.health.lost(exc)
+                if time.monotonic() >= deadline:
+                    ids = [job_id for pairs in self._pending.values() for job_id, _ in pairs]
+                    log.warning("shutdown: the ack of %d job(s) did not reach Redis (%s: %s); they run again once "
+                                "their leases lapse: %s", len(ids), type(exc).__name__, exc, " ".join(ids[:20]))
+                    break
+                await asyncio.sleep(0.2)
         if self._flusher is not None:
             self._flusher.cancel()
 

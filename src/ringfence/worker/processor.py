@@ -307,6 +307,6 @@ class Processor:
         cancelled = [r.task for r in left if r.task is not None]
         if cancelled:
             await asyncio.wait(cancelled, timeout=5)
-        await self.acks.stop()
+        await self.acks.stop(self.fetcher.lease_ms / 1000)
         await self.fetcher.waker.close()
         self.pool.close()
