@@ -12,7 +12,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = (".py", ".lua", ".html", ".js", ".md", ".toml", ".txt")
 HOOKS = {
-    "dead_keys",  # unused: to delete from redis/workflows.py with the workflow work under way there
     # Django calls these by name
     "FenceAdmin", "FailedJobAdmin", "OutboxAdmin", "RingfenceConfig", "has_add_permission",
     "has_change_permission", "has_delete_permission", "has_resolve_permission", "has_replay_permission",

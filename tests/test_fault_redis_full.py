@@ -169,6 +169,8 @@ def test_every_script_declares_keys_of_one_slot() -> None:
     """Redis 7 refuses a flagged script's undeclared or cross-slot keys on Cluster: with cluster key names
     (the namespace keys tagged ``{ns}``) every script's keys share one slot."""
     b = Broker("redis+cluster://127.0.0.1:1/", NS, clock=lambda: 1000)
+    back = workflows.Back("home", "w", 1, "d", "1")
+    handed = workflows.Handed("home", "w", 1, "q", "j", "{}")
     calls = [
         b.enqueue("q", [("j", b"{}", 0)]), b.enqueue("q", [("j", b"{}", 0)], inline=True),
         b.debounce("q", ("j", b"{}", 2), "k", 0, "both"),
@@ -184,6 +186,8 @@ def test_every_script_declares_keys_of_one_slot() -> None:
         b.purge("q", 1), b.latency_sample("q", 1), relay(b, "q", [("j", b"{}", 0, "", 0)]),
         workflows.start(b, "q", "w", 1, []), workflows.advance(b, "q", "j", "t", "w", 0, b"{}"),
         workflows.cancel(b, "q", "w"), workflows.depend(b, "q", "j", b"{}", []),
+        workflows.step_ack(b, "q", "j", "t", back), workflows.hand_in(b, handed),
+        workflows.handed_call(b, handed, True), workflows.apply(b, back), workflows.back_done(b, "q", "j", back),
     ]
     for call in calls:
         assert len({key_slot(k.encode()) for k in call.keys}) == 1, call.name

@@ -1,6 +1,7 @@
 """Workflows on a private 3-master Redis Cluster: the workflow's hash lives in its queue's slot, so its start, each
 step's ack-and-advance and a dead step's dead-letter are scripts of one slot; a real worker runs a chain, a chord and
-a failing chain there, and `ringfence workflow show` reads them."""
+a failing chain there, and `ringfence workflow show` reads them. Steps in queues on other masters go by hand-over,
+through a SIGKILL between its two halves."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 
 import ringfence
 from support import ROOT, wait_until
-from topology import HAVE_REDIS, Cluster
+from topology import HAVE_REDIS, Cluster, queue_per_master
 
 pytestmark = [pytest.mark.topology, pytest.mark.slow,
               pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server and redis-cli")]
@@ -62,3 +63,36 @@ def test_a_chain_a_chord_and_a_dead_step_on_a_cluster(wf: ModuleType) -> None:
     finally:
         worker.kill()
         worker.wait(10)
+
+
+def test_steps_in_queues_on_three_masters_hand_over_once_through_a_kill(wf: ModuleType) -> None:
+    """A chain and a chord whose steps are in queues on the three masters; the worker of the second queue is
+    SIGKILLed once its step's ack applied the completion and before it hands the chord's members over: the other
+    worker's sweep finishes the hand-overs, every step's job is enqueued once."""
+    q0, q1, q2 = sorted(queue_per_master(wf.app.broker).values())
+    wid = ringfence.chain(wf.add.with_options(queue=q0).s(x=1), wf.add.with_options(queue=q1).s(x=2),
+                          ringfence.chord([wf.member.with_options(queue=q).s(x=x) for q, x in ((q0, 5), (q1, 6),
+                                                                                               (q2, 7))],
+                                          wf.total.with_options(queue=q2).s())).enqueue()
+
+    def worker(queues: str, faults: str = "") -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", "workflowapp:app",
+                                 "--queues", queues], env={**os.environ, "RINGFENCE_FAULTS": faults},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    killed = worker(q1, "before_hand_in")
+    workers = [killed, worker(f"{q0},{q2}")]
+    try:
+        assert killed.wait(40) == -9
+        workers.append(worker(f"{q0},{q1},{q2}"))
+        wait_until(lambda: (v := wf.app.workflow(wid)) and v.state == "done", timeout=40)
+        view = wf.app.workflow(wid)
+        assert [s.queue for s in view.steps] == [q0, q1, q0, q1, q2, q2]
+        assert [s.result for s in view.steps] == [1, 3, 5, 6, 7, {"sum": 18, "inputs": [5, 6, 7]}]
+        b = wf.app.broker
+        assert {q: int(b.sync.hget(b.keys.queue(q).stats, "enqueued") or 0) for q in (q0, q1, q2)} == {
+            q0: 2, q1: 2, q2: 2}
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait(10)

@@ -65,6 +65,13 @@ def elsewhere(ctx: JobContext) -> None:
     mark(ctx)
 
 
+@app.task(queue="third")
+def far(ctx: JobContext, x: int, previous: Any = None) -> int:
+    """A step in a third queue (steps across queues; the others take ``with_options(queue="other")``)."""
+    mark(ctx)
+    return x
+
+
 @app.task(queue="wf")
 def charge(ctx: JobContext, amount: int, previous: Any = None) -> str:
     """A fenced charge whose subject and step default to the workflow's business id and the step's name. A worker

@@ -43,6 +43,10 @@ POINTS = ("after_capture", "after_calling", "after_effect", "after_record", "bef
 WORKER_POINTS = ("before_dead_letter", "after_dead_letter")
 #: A workflow step's (worker/settle.py): its handler returned, before and after its ack-and-advance script.
 WORKFLOW_POINTS = ("before_step_ack", "after_step_ack")
+#: A hand-over of a step between two queues (redis/workflows.py, worker/workflows.py): recorded in the workflow's
+#: slot, not yet in the step's queue; in its queue, the entry not yet closed; a step's completion applied to its
+#: workflow, not yet forgotten in its own slot.
+HANDOVER_POINTS = ("before_hand_in", "before_handed", "before_back_done")
 #: The outbox relay's (outbox/relay.py), in step order.
 RELAY_POINTS = ("relay_after_read", "relay_after_send", "relay_after_mark")
 

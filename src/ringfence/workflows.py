@@ -4,8 +4,10 @@
 c.s())`` runs c once every member finished. Nest them freely: a group in a chain is a barrier for the step after
 it. ``.enqueue()`` stores the workflow and queues its first steps in one script and returns its id; each step's
 ack queues the steps that waited for it in the same script (redis/workflows.py), so no crash loses or repeats a
-step. A step whose handler declares a ``previous`` parameter receives the result of the step before it (after a
-group or in a chord's callback: the list of the members' results, in order). See docs/workflows.md.
+step. A step in another queue than the workflow's first (another slot) is handed over, keyed by its job id, and its
+completion comes back the same way; a sweep finishes a hand-over a crash left. A step whose handler declares a
+``previous`` parameter receives the result of the step before it (after a group or in a chord's callback: the list
+of the members' results, in order). See docs/workflows.md.
 """
 
 from __future__ import annotations
@@ -86,14 +88,14 @@ class Node:
         """Store the workflow, queue its first steps; returns the workflow id. ``business_id``: fenced steps
         default to it and their step name; ``result_ttl_s``: how long it is kept once finished (default a day)."""
         start = _Start(self, business_id, result_ttl_s)
-        start.broker.register_queues([start.queue])
-        start.broker.run(start.call())
+        start.broker.register_queues(start.queues)
+        stored.hand_over(start.broker, start.broker.run(start.call())[1])
         return start.workflow_id
 
     async def aenqueue(self, business_id: str | None = None, result_ttl_s: float | None = None) -> str:
         start = _Start(self, business_id, result_ttl_s)
-        await start.broker.aregister_queues([start.queue])
-        await start.broker.arun(start.call())
+        await start.broker.aregister_queues(start.queues)
+        await stored.ahand_over(start.broker, (await start.broker.arun(start.call()))[1])
         return start.workflow_id
 
     def enqueue_in(self, conn: Any, business_id: str | None = None, result_ttl_s: float | None = None) -> str:
@@ -108,13 +110,17 @@ class Node:
         outbox_write.enqueue_in(starter(start.steps[0].sig.task.app), conn, payload, opts)
         return start.workflow_id
 
-    def enqueue_on_commit(self, target: Any, business_id: str | None = None, result_ttl_s: float | None = None
-                          ) -> str:
+    def enqueue_on_commit(self, target: Any = None, business_id: str | None = None,
+                          result_ttl_s: float | None = None, *, using: str | None = None) -> str:
         """Start the workflow once ``target``'s outer transaction commits (a SQLAlchemy Session, Connection,
-        AsyncSession or AsyncConnection); nothing on rollback. Checked now, its id fixed now. A start that Redis
+        AsyncSession or AsyncConnection; a Django connection, or None: Django's ``transaction.on_commit`` on
+        ``using``, default "default"); nothing on rollback. Checked now, its id fixed now. A start that Redis
         refuses after the commit is retried every second for ``START_RETRY_S``, then logged with its id."""
         start = _Start(self, business_id, result_ttl_s)
-        after_commit(target, start, _started_after_commit)
+        if target is None or _is_django(target):
+            _django_on_commit(start, target, using)
+        else:
+            after_commit(target, start, _started_after_commit)
         return start.workflow_id
 
 
@@ -193,6 +199,21 @@ def chord(header: Group | Iterable[Signature | Node], callback: Signature | Node
     return Chord(header, callback, on_member_dead)
 
 
+def _is_django(target: Any) -> bool:
+    return type(target).__module__.startswith("django.")
+
+
+def _django_on_commit(start: _Start, conn: Any, using: str | None) -> None:
+    """Start it from Django's ``transaction.on_commit`` of database ``using`` (or ``conn``'s alias)."""
+    try:
+        from django.db import DEFAULT_DB_ALIAS, transaction
+    except ImportError as exc:
+        raise ConfigError("enqueue_on_commit needs a SQLAlchemy Session or Connection, or Django installed "
+                          "(then pass its connection, or call it inside transaction.atomic())") from exc
+    alias = using or (conn.alias if conn is not None else None) or DEFAULT_DB_ALIAS
+    transaction.on_commit(lambda: _started_after_commit([start], False), using=alias)
+
+
 def _started_after_commit(starts: list[_Start], in_async: bool) -> None:
     """The commit happened: start each workflow (wf_start is idempotent by id); never raises into the commit."""
     del in_async  # one short script call: sent from the committing thread either way
@@ -210,21 +231,24 @@ class _Start:
         self.steps = plan.steps
         self.client = _client(self.steps[0].sig)
         self.broker: Broker = self.client.app.broker
-        self.queue = self._queue()
+        queues = self._queues()
         if business_id is not None and (type(business_id) is not str or not business_id):
             raise ConfigError(f"business_id={business_id!r} must be a non-empty string")
         check_seconds("result_ttl_s", result_ttl_s, minimum=None)
         self.business_id = business_id or ""
         self.ttl_ms = max(1, int((result_ttl_s if result_ttl_s is not None else DEFAULT_TTL_S) * 1000))
         self.workflow_id = new_job_id()
-        self.queue = self.client.partition(self.queue, self.business_id or self.workflow_id)  # all steps in one slot
+        key = self.business_id or self.workflow_id  # a partitioned queue: each step in the partition of this key
+        self.step_queues = [self.client.partition(q, key) for q in queues]
+        self.queue = self.step_queues[0]  # the workflow's home: its hash lives in this queue's slot
+        self.queues = sorted(set(self.step_queues))
         self.names = _names(self.steps)
 
     def send(self) -> bool:
         """Store and queue it now; False (logged) when Redis did not answer."""
         try:
-            self.broker.register_queues([self.queue])
-            self.broker.run(self.call())
+            self.broker.register_queues(self.queues)
+            stored.hand_over(self.broker, self.broker.run(self.call())[1])
         except Exception as exc:  # after a commit: kept for retry, never raised into the caller
             log.error("workflow %s not started after its commit (%s: %s)", self.workflow_id, type(exc).__name__, exc)
             return False
@@ -239,18 +263,15 @@ class _Start:
         log.error("workflow %s given up after %gs: it was committed but never started", self.workflow_id,
                   START_RETRY_S)
 
-    def _queue(self) -> str:
-        queues = {i: self.client.check_options(s.sig.task, s.sig.options) for i, s in enumerate(self.steps)}
-        if len(set(queues.values())) > 1:
-            where = ", ".join(f"{self.steps[i].sig.task.name} in {q!r}" for i, q in queues.items())
-            raise ConfigError(f"the steps of a workflow run in one queue (steps across queues are not supported "
-                              f"yet): {where}")
+    def _queues(self) -> list[str]:
+        """Each step's queue, checked."""
+        queues = [self.client.check_options(s.sig.task, s.sig.options) for s in self.steps]
         for s in self.steps:
             o = s.sig.options
             if o.delay_s is not None or o.run_at is not None or o.job_id or o.unique_for or o.expiry_s or o.durable:
                 raise ConfigError(f"step {s.sig.task.name!r}: a workflow step takes no delay_s, run_at, job_id, "
                                   "unique_for, expiry_s or durable option")
-        return queues[0]
+        return queues
 
     def call(self) -> Any:
         fields = self.fields(self.broker.clock())
@@ -260,12 +281,16 @@ class _Start:
         fields: list[tuple[str, str | bytes | int]] = [
             ("state", "running"), ("n", len(self.steps)), ("left", len(self.steps)), ("dead", 0),
             ("ttl", self.ttl_ms), ("created", created_ms), ("business_id", self.business_id)]
+        if len(self.queues) > 1:
+            fields.append(("id", self.workflow_id))  # names its hand-over entries (lua/_workflow.lua)
         for i, s in enumerate(self.steps):
             head, args = self._spec(i, s)
             fields += [(f"t{i}", self.names[i]), (f"j{i}", f"{self.workflow_id}.{i}"), (f"s{i}", "waiting"),
                        (f"w{i}", len(s.after)), (f"d{i}", ",".join(map(str, s.after))),
                        (f"c{i}", ",".join(map(str, s.then))), (f"p{i}", s.takes), (f"k{i}", int(s.tolerant)),
                        (f"h{i}", head), (f"a{i}", args)]
+            if self.step_queues[i] != self.queue:
+                fields.append((f"q{i}", self.step_queues[i]))
         return fields
 
     def _spec(self, i: int, s: _Step) -> tuple[bytes, bytes]:
@@ -280,6 +305,8 @@ class _Start:
             doc["to"] = int(opts.timeout_s * 1000)
         doc["w"] = f"{self.workflow_id}:{i}"
         doc["ws"] = self.names[i]
+        if self.step_queues[i] != self.queue:
+            doc["wq"] = self.queue  # its completion goes back to the workflow's queue (worker/workflows.py)
         if self.business_id:
             doc["wb"] = self.business_id
         if Tracing.fields is not None:  # each step's run continues the trace that started the workflow
@@ -291,8 +318,9 @@ def starter(app: Any) -> Task:  # the App (an import of app.py here would point 
     """The task of ``START_TASK`` jobs: a workflow start written to the outbox, run by a worker of its queue."""
     def start_workflow(ctx: JobContext, queue: str, workflow_id: str, steps: int, fields: list[Any]) -> None:
         del ctx
-        app.broker.register_queues([queue])
-        app.broker.run(stored.start(app.broker, queue, workflow_id, steps, [(str(n), v) for n, v in fields]))
+        fields = [(str(n), v) for n, v in fields]
+        app.broker.register_queues({queue, *(str(v) for n, v in fields if n[0] == "q" and n[1:].isdigit())})
+        stored.hand_over(app.broker, app.broker.run(stored.start(app.broker, queue, workflow_id, steps, fields))[1])
 
     return Task(app, start_workflow, TaskOptions(name=START_TASK, expiry_s=None))
 
@@ -335,10 +363,12 @@ class StepView:
     index: int
     name: str
     job_id: str
-    state: str  # waiting, queued, done, dead (a cancelled workflow's waiting steps never run)
+    state: str  # waiting, handing (on its way to its queue), queued, done, dead (a cancelled workflow's waiting
+    #             steps never run)
     after: list[int]
     result: Any = None
     failure: dict[str, Any] | None = None
+    queue: str = ""  # its queue
 
 
 @dataclass(frozen=True)
@@ -367,7 +397,7 @@ class WorkflowView:
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "queue": self.queue, "state": self.state, "business_id": self.business_id,
                 "created_ms": self.created_ms, "failed": self.failed, "stuck": self.stuck, "remedy": self.remedy,
-                "steps": [{"index": s.index, "name": s.name, "job_id": s.job_id, "state": s.state,
+                "steps": [{"index": s.index, "name": s.name, "job_id": s.job_id, "queue": s.queue, "state": s.state,
                            "after": s.after, "result": s.result, "failure": s.failure} for s in self.steps]}
 
 
@@ -377,13 +407,15 @@ def _json(raw: str | None) -> Any:
 
 def read(app: Live, workflow_id: str) -> WorkflowView | None:
     """A workflow's state, or None (no such id, or it expired); ``stuck`` names its steps queued or dead whose job
-    is gone (read twice: a step that finished between the two reads is not stuck)."""
+    is gone (read twice: a step that finished between the two reads is not stuck; nor is a step of another queue
+    whose completion is on its way back)."""
     check_name("workflow id", workflow_id)
     view = _read(app, app.broker.queues(), workflow_id)
     if view is None or view.state not in ("running", "failed"):
         return view
     gone = {s.index for s in view.steps
-            if s.state in ("queued", "dead") and app.broker.job_state(view.queue, s.job_id) is None}
+            if s.state in ("queued", "dead") and app.broker.job_state(s.queue, s.job_id) is None
+            and not (s.queue != view.queue and stored.on_its_way_back(app.broker, s.queue, s.job_id))}
     if not gone:
         return view
     again = _read(app, [view.queue], workflow_id)
@@ -401,7 +433,7 @@ def _read(app: Live, queues: list[str], workflow_id: str) -> WorkflowView | None
     steps = [StepView(index=i, name=f[f"t{i}"], job_id=f[f"j{i}"], state=f[f"s{i}"],
                       after=[int(x) for x in f.get(f"d{i}", "").split(",") if x],
                       result=_json(f.get(f"r{i}")) if f[f"s{i}"] == "done" else None,
-                      failure=_json(f.get(f"e{i}")))
+                      failure=_json(f.get(f"e{i}")), queue=f.get(f"q{i}", queue))
              for i in range(int(f["n"]))]
     return WorkflowView(id=workflow_id, queue=queue, state=f["state"], business_id=f.get("business_id", ""),
                         created_ms=int(f.get("created", 0)), steps=steps)
@@ -409,13 +441,21 @@ def _read(app: Live, queues: list[str], workflow_id: str) -> WorkflowView | None
 
 def cancel(app: Live, workflow_id: str) -> tuple[WorkflowView, list[str]]:
     """Cancel a workflow: no waiting step is queued any more, queued steps are cancelled (a running one loses its
-    lease: its ``ctx.cancelled`` is set). Returns the workflow and the job ids cancelled."""
+    lease: its ``ctx.cancelled`` is set); a step on its way to another queue is blocked there, or cancelled if it
+    got in first. Returns the workflow and the job ids cancelled."""
     view = read(app, workflow_id)
     if view is None:
         raise ConfigError(f"no workflow {workflow_id!r} in namespace {app.namespace} (wrong id, or it expired)")
     if view.state == "done":
         raise ConfigError(f"workflow {workflow_id} is done already; nothing to cancel")
-    queued = app.broker.run(stored.cancel(app.broker, view.queue, workflow_id)) or []
+    queued, handing = app.broker.run(stored.cancel(app.broker, view.queue, workflow_id)) or ([], [])
+    for i in handing:
+        step = view.steps[i]
+        h = stored.Handed(view.queue, workflow_id, i, step.queue, step.job_id, "")
+        went_in = app.broker.run(stored.hand_in(app.broker, h, block=True))
+        app.broker.run(stored.handed_call(app.broker, h, went_in))
+        if went_in:
+            queued.append(step.job_id)
     cancelled = []
     for job_id in queued:
         try:

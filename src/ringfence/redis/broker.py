@@ -453,17 +453,18 @@ class Broker(Reads, Admin):
                     [f"{worker}.p", self.clock(), k.wake, *held], as_texts)
 
     def dead(self, queue: str, job_id: str, token: str, entry: dict[str, Any],
-             fields: dict[str, Any], durable: bool = False, step: tuple[str, int, bytes] | None = None
+             fields: dict[str, Any], durable: bool = False, step: tuple[list[str], list[Any]] | None = None
              ) -> Call[bool]:
         """Move the job to dead-letter; ``durable``: a failed_jobs row is owed for it (``durable`` set). ``step``:
-        (workflow id, step index, failure JSON) of a workflow step, whose workflow learns of it in the same call."""
+        the keys and arguments of a workflow step (redis/workflows.py ``dead_parts``): its workflow learns of it in
+        the same call, or, for a step of another queue than its workflow's, its slot records it on its way there."""
         k = self.keys.queue(queue)
         keys = [k.active, k.lease, k.jobs, k.attempts, k.history, k.dead, k.dead_jobs, k.stats, k.durable, k.minutes,
                 k.waiters, k.waiting]
-        args = [job_id, token, self.clock(), orjson.dumps(entry), orjson.dumps(fields), int(durable)]
+        args: list[Any] = [job_id, token, self.clock(), orjson.dumps(entry), orjson.dumps(fields), int(durable)]
         if step is not None:
-            keys += [k.pending, k.idle, self.keys.workflow(queue, step[0])]
-            args += [step[1], step[2], k.wake]
+            keys += step[0]
+            args += step[1]
         return Call("dead", keys, args, bool)
 
     async def durable_done(self, queue: str, ids: Sequence[str]) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from ringfence.redis.broker import Broker
 from ringfence.redis.call import Call
 from ringfence.redis.connection import UNAVAILABLE
+from ringfence.worker import workflows
 from ringfence.worker.loop import Loop
 
 log = logging.getLogger("ringfence.worker")
@@ -59,7 +60,8 @@ async def each_queue(broker: Broker, names: list[str], call: Callable[[str], Cal
 
 
 class Recoverer(Loop):
-    """Returns jobs whose lease expired (dead or hung worker) to the head of their queue."""
+    """Returns jobs whose lease expired (dead or hung worker) to the head of their queue, and finishes the
+    workflow hand-overs between queues that a crash left."""
 
     name = "recoverer"
 
@@ -69,9 +71,19 @@ class Recoverer(Loop):
         self.queues = queues
 
     async def tick(self) -> None:
-        for queue, ids in (await each_queue(self.broker, await self.queues.names(), self.broker.recover)).items():
+        names = await self.queues.names()
+        for queue, ids in (await each_queue(self.broker, names, self.broker.recover)).items():
             if ids:
                 log.warning("recovered %d orphaned job(s) in queue %s: %s", len(ids), queue, " ".join(ids[:10]))
+        for queue in names:  # workflow steps between two queues a crash left half handed over (worker/workflows.py)
+            try:
+                done = await workflows.sweep(self.broker, queue)
+            except UNAVAILABLE:
+                if not self.broker.cluster:
+                    raise
+                continue  # its node does not answer: the others are swept, it is next round
+            if done:
+                log.warning("finished %d workflow hand-over(s) a crash left in queue %s", done, queue)
 
 
 class DeadRetention(Loop):

@@ -149,9 +149,8 @@ class Settler:
             task = self.registry.get(job.spec.task) if job.spec else None
             await results.store(b, job.id, task, v.result)
         fault_point("before_step_ack")
-        if await workflows.advance(b, job, v.step) < 0:
+        if await workflows.advance(b, job, v.step) < 0:  # also fires after_step_ack, then finishes its hand-overs
             job_log(r).warning("ack of workflow step %s refused: its lease had moved to another attempt", job.id)
-        fault_point("after_step_ack")
 
     async def _dead(self, r: Running, v: Verdict, entry: dict[str, object]) -> None:
         job, b = r.job, self.broker
@@ -165,7 +164,7 @@ class Settler:
             fields = {"reason": v.reason, "error": v.error, "traceback": v.tb, "task": task_name, "queue": job.queue}
             durable = job.spec is not None and self.durable
             fault_point("before_dead_letter")  # the steps are parked and committed; the lease may lapse here
-            step = workflows.dead_step(job, v.reason, v.error)
+            step = workflows.dead_step(b, job, v.reason, v.error)
             took = await self._write(r, b.dead(job.queue, job.id, job.token, entry, fields, durable=durable, step=step),
                                      "dead-letter")
         finally:
@@ -175,6 +174,7 @@ class Settler:
                            "decides (it names the steps in doubt): %s", job.id, v.reason, v.error)
             return
         job_log(r).error("job %s (%s) -> dead-letter [%s]: %s", job.id, task_name, v.reason, v.error)
+        await workflows.died(b, job, step)  # a step of another queue: its death on its way to its workflow
         await results.store_failure(b, job.id, job.queue, self.registry.get(task_name), task_name, v.reason, v.error)
         fault_point("after_dead_letter")  # a kill here leaves the failed_jobs row owed: the sweep writes it
         spec = job.spec

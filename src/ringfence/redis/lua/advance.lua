@@ -12,8 +12,10 @@
 -- KEYS[9] idle      zset
 -- KEYS[10] workflow hash
 -- KEYS[11] waiters  KEYS[12] waiting: jobs enqueued with depends_on on this step (lua/_depends.lua)
+-- KEYS[13] out     zset  the workflow's steps handed over to other queues (lua/_workflow.lua)
 -- ARGV[1] now ms  ARGV[2] wake channel  ARGV[3] id  ARGV[4] token  ARGV[5] step index  ARGV[6] result JSON
--- Returns: the steps queued, or -1 when this attempt no longer held the lease (nothing done).
+-- Returns: the steps queued (then the steps handed over to other queues, if any: index, queue, job id, spec
+-- each), or -1 when this attempt no longer held the lease (nothing done).
 --@include workflow
 --@include depends
 --@include per_minute
@@ -24,7 +26,7 @@ redis.call('ZREM', KEYS[1], id)
 for k = 2, 5 do redis.call('HDEL', KEYS[k], id) end
 redis.call('HINCRBY', KEYS[6], 'processed', 1)
 per_minute(KEYS[7], 'p', now, 1)
-local queued = step_done(KEYS[10], ARGV[5], ARGV[6], ARGV[1], KEYS[3], KEYS[8])
+local queued = step_done(KEYS[10], ARGV[5], ARGV[6], ARGV[1], KEYS[3], KEYS[8], KEYS[13])
   + deps_done(KEYS[11], KEYS[12], KEYS[8], {id})
 woke(queued, KEYS[9], now, ARGV[2], KEYS[6])
-return queued
+return with_handed(queued)

@@ -16,7 +16,10 @@
 -- KEYS[11] waiters  KEYS[12] waiting: jobs waiting for this one go to dead-letter too (lua/_depends.lua)
 -- A workflow step also has KEYS[13] pending, KEYS[14] idle, KEYS[15] workflow hash and ARGV[7] step index,
 -- ARGV[8] the failure as its dependents may see it (JSON), ARGV[9] wake channel: the workflow learns of the death
--- in this call (failed, or its dependents queued under a chord's 'continue' policy).
+-- in this call (failed, or its dependents queued under a chord's 'continue' policy); KEYS[16] its hand-over zset
+-- (lua/_workflow.lua: a dependent of another queue is handed over by the sweep). A step of another queue than its
+-- workflow's has KEYS[13] back, KEYS[14] back_data and ARGV[7] its completion entry instead: its death is
+-- recorded in its own slot, for the worker (or the sweep) to apply to the workflow (lua/wf_apply.lua).
 -- Returns: 1, or 0 when this attempt no longer held the lease.
 --@include per_minute
 --@include workflow
@@ -49,6 +52,10 @@ per_minute(KEYS[10], 'f', ARGV[3], 1)
 local reason = cjson.decode(ARGV[5]).reason
 deps_dead(KEYS[11], KEYS[12], KEYS[3], KEYS[6], KEYS[7], KEYS[8], id, ARGV[3], 'is dead (' .. tostring(reason) .. ')')
 if KEYS[15] then
-  woke(step_dead(KEYS[15], ARGV[7], ARGV[8], ARGV[3], KEYS[3], KEYS[13]), KEYS[14], tonumber(ARGV[3]), ARGV[9], KEYS[8])
+  woke(step_dead(KEYS[15], ARGV[7], ARGV[8], ARGV[3], KEYS[3], KEYS[13], KEYS[16]), KEYS[14], tonumber(ARGV[3]),
+    ARGV[9], KEYS[8])
+elseif KEYS[14] then
+  redis.call('ZADD', KEYS[13], ARGV[3], id)
+  redis.call('HSET', KEYS[14], id, ARGV[7])
 end
 return 1
