@@ -2,7 +2,9 @@
 ``__cause__``: with the database down (a PostgreSQL URL on a closed port) and with a permission refused (a role
 without rights on the fence tables, made for the test and dropped after). Through ``ctx.fence`` in a plain call
 (``ringfence.testing.run_job``) and through a real worker, whose verdict is the one a failed attempt always had:
-retried, then dead-lettered when the database answers that the steps cannot be read."""
+retried, then dead-lettered when the database answers that the steps cannot be read. So do the operator's calls
+(``FenceStore``, ``FailedJobs``, ``create_all``, the bulk reads; the CLI exits 3 on them), and ``ctx.redis_fence``
+with Redis down raises CannotConnect, redis-py's error as the cause."""
 
 from __future__ import annotations
 
@@ -12,18 +14,35 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, make_url, text
+import redis
+from click.testing import CliRunner
+from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 import ringfence
 from empty_databases import empty_database
-from ringfence import App, FenceError, FenceStoreError, JobFailed, RetryPolicy, RingfenceError
-from ringfence.fence import create_all
+from ringfence import (
+    App,
+    BrokerError,
+    CannotConnect,
+    FenceError,
+    FenceStoreError,
+    JobContext,
+    JobFailed,
+    RetryPolicy,
+    RingfenceError,
+)
+from ringfence.cli import main as cli
+from ringfence.fence import FenceStore, create_all
+from ringfence.fence.failed import FailedJobs
+from ringfence.fence.reads import owner_rows, state_counts, step_rows
 from ringfence.jobs import find_job
+from ringfence.redis.embedded import free_port
 from ringfence.testing import run_job
 from storeerrorsapp import declare
 from support import ROOT, SERVERS, wait_until
@@ -40,6 +59,18 @@ def closed_port_url() -> str:
 @pytest.fixture
 def refused_url(tmp_path: Path) -> Iterator[str]:
     """The URL of a role that may log in to a database holding the fence tables, with no rights on them."""
+    with refused_role(tmp_path) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def refused_module_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with refused_role(tmp_path_factory.mktemp("refused")) as url:
+        yield url
+
+
+@contextmanager
+def refused_role(tmp_path: Path) -> Iterator[str]:
     role = f"rf_norights_{uuid.uuid4().hex[:8]}"
     server = create_engine(make_url(SERVERS["postgresql"] or ""), isolation_level="AUTOCOMMIT")
     try:
@@ -148,6 +179,120 @@ def test_a_worker_dead_letters_a_fenced_job_refused_by_the_database(refused_url:
             assert all(e["error"].startswith("FenceStoreError: ") for e in view.history), view.history
     finally:
         worker.stop()
+    app.close()
+
+
+NEVER_CREATED = "rf_never_created"  # a table the role may not create (PostgreSQL 15: no CREATE on public)
+
+
+class Opened:
+    """The stores an operator's call opens on ``url``, their engines disposed at the end."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engines: list[Engine] = []
+
+    def fences(self, **kw: str) -> FenceStore:
+        store = FenceStore(self.url, **kw)
+        self.engines.append(store.engine)
+        return store
+
+    def failed(self, **kw: str) -> FailedJobs:
+        failed = FailedJobs(self.url, **kw)
+        self.engines.append(failed.engine)
+        return failed
+
+    def engine(self) -> Engine:
+        self.engines.append(engine := create_engine(self.url))
+        return engine
+
+
+# Every call an operator (or the CLI, the dashboard, reconcile) makes on the fence database.
+OPERATOR_CALLS: dict[str, Callable[[Opened], object]] = {
+    "FenceStore.get": lambda o: o.fences().get("order:1", "charge"),
+    "FenceStore.list_steps": lambda o: o.fences().list_steps(state="in_doubt"),
+    "FenceStore.resolve": lambda o: o.fences().resolve("order:1", "charge", happened=False),
+    "FenceStore.prune": lambda o: o.fences().prune(),
+    "FenceStore.owned": lambda o: o.fences().owned("job-1"),
+    "FenceStore.db_now": lambda o: o.fences().db_now(),
+    "FenceStore.create_all": lambda o: o.fences(table_name=NEVER_CREATED).create_all(),
+    "fence.create_all": lambda o: create_all(o.engine(), table_name=NEVER_CREATED,
+                                             failed_jobs_name=f"{NEVER_CREATED}_jobs"),
+    "FailedJobs.create_all": lambda o: o.failed(table_name=NEVER_CREATED).create_all(),
+    "FailedJobs.prune": lambda o: o.failed().prune(60),
+    "FailedJobs.unreplayed": lambda o: o.failed().unreplayed(),
+    "FailedJobs.delete": lambda o: o.failed().delete(["job-1"]),
+    "FailedJobs.mark_replayed": lambda o: o.failed().mark_replayed(["job-1"]),
+    "reads.step_rows": lambda o: list(step_rows(o.fences(), "charge")),
+    "reads.owner_rows": lambda o: owner_rows(o.fences(), "job-1"),
+    "reads.state_counts": lambda o: state_counts(o.fences()),
+}
+
+
+def operator_error(url: str, call: str) -> FenceStoreError:
+    opened = Opened(url)
+    try:
+        with pytest.raises(FenceStoreError) as info:
+            OPERATOR_CALLS[call](opened)
+    finally:
+        for engine in opened.engines:
+            engine.dispose()
+    return info.value
+
+
+@pytest.mark.parametrize("call", OPERATOR_CALLS)
+def test_an_operator_call_with_the_database_down_raises_fence_store_error(call: str) -> None:
+    url = closed_port_url().replace("root@", "root:s3cret@")
+    err = operator_error(url, call)
+    check(err, OperationalError)
+    assert "Connection refused" in str(err) and f"at {url.replace('s3cret', '***')}" in str(err), str(err)
+
+
+@pytest.mark.parametrize("call", [c for c in OPERATOR_CALLS if c != "FenceStore.db_now"])  # needs no rights
+def test_an_operator_call_refused_by_the_database_raises_fence_store_error(call: str,
+                                                                           refused_module_url: str) -> None:
+    err = operator_error(refused_module_url, call)
+    check(err, ProgrammingError)
+    assert "permission denied" in str(err), str(err)
+
+
+@pytest.mark.parametrize("down", [True, False], ids=["down", "refused"])
+def test_the_cli_exits_3_when_the_fence_database_fails(down: bool, refused_module_url: str) -> None:
+    """``fence resolve`` (whose FenceError is otherwise a refused input, exit 2) with the database down or refusing
+    the statement: one line, exit 3."""
+    url = closed_port_url() if down else refused_module_url
+    out = CliRunner().invoke(cli, ["fence", "resolve", "order:1", "charge", "--not-done"],
+                             env={"RINGFENCE_FENCE_URL": url, "RINGFENCE_APP": None})
+    said = "cannot connect to the fence database" if down else "permission denied"
+    assert out.exit_code == 3 and said in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+def redis_fenced_app() -> App:
+    """Tasks with a Redis fence, on a Redis URL nothing listens on."""
+    app = App(f"redis://127.0.0.1:{free_port()}/0", "rf-redis-down", retry=RetryPolicy(max_attempts=1))
+
+    @app.task(name="rcharge")
+    def rcharge(ctx: JobContext, order: int) -> str:
+        with ctx.redis_fence(f"order:{order}", "charge") as step:
+            return "charged" if step.done else step.effect(lambda: "charged")
+
+    @app.task(name="archarge")
+    async def archarge(ctx: JobContext, order: int) -> str:
+        async with ctx.redis_fence(f"order:{order}", "charge") as step:
+            return "charged" if step.done else await step.effect(lambda: "charged")
+
+    return app
+
+
+@pytest.mark.parametrize("task", ["rcharge", "archarge"])
+def test_ctx_redis_fence_with_redis_down_raises_cannot_connect(task: str) -> None:
+    app = redis_fenced_app()
+    with pytest.raises(CannotConnect) as info:
+        run_job(app.resolve(task), order=1)
+    err = info.value
+    assert isinstance(err, BrokerError) and isinstance(err, RingfenceError)
+    assert isinstance(err.__cause__, redis.ConnectionError), repr(err.__cause__)
+    assert "redis fence 'order:1'/'charge'" in str(err) and app.redis_url in str(err), str(err)
     app.close()
 
 

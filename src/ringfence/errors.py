@@ -10,7 +10,8 @@
     │   ├── PayloadTooNew      written by a newer release than this worker: delayed, not failed
     │   └── BadRecord          a stored job record breaks the wire format (names the field and its type)
     ├── DuplicateJob           a unique enqueue found the key held by a queued or running job
-    ├── BrokerError            Redis did something the broker did not expect
+    ├── BrokerError            Redis did something the broker did not expect; also from ctx.redis_fence (with
+    │                          Redis down: CannotConnect); redis-py's error is the __cause__
     │   ├── RedisFull          Redis is at maxmemory: writes that add data (enqueue) are refused
     │   ├── NotReplicated      a durable write reached fewer replicas than asked within its timeout
     │   ├── NotPermitted       the Redis user may not run a command the call needs (ACL): refused before any write
@@ -32,7 +33,10 @@
         ├── SettleOnly         a settling run (attempts used up by orphaned runs) may not start an effect
         ├── ReconcileTimeout   the reconcile hook did not answer within its bound
         └── FenceStoreError    the fence database failed (down, or refused a statement): the driver's error is
-                               the __cause__; a job that raises it is retried like any failed attempt
+                               the __cause__; a job that raises it is retried like any failed attempt. Raised by
+                               ctx.fence and by every operator call: FenceStore's get, list_steps, resolve,
+                               prune, owned, db_now, create_all; FailedJobs' calls; ringfence.fence.create_all
+                               (the CLI exits 3). A missing fence table is FenceTablesMissing instead.
 
 This module imports nothing of ours.
 """
@@ -186,9 +190,10 @@ class ReconcileTimeout(FenceError):
 
 
 class FenceStoreError(FenceError):
-    """The fence database failed one of a fence's own statements: it cannot be reached, or it refused the
-    statement (a permission denied). The driver's error (SQLAlchemy's ``DBAPIError``) is the ``__cause__``. In a
-    worker the job is retried as after any other error; the step keeps its row, and the rerun's rules apply."""
+    """The fence database failed one of a fence's own statements or an operator's call (``FenceStore``,
+    ``FailedJobs``): it cannot be reached, or it refused the statement (a permission denied). The message names
+    the call and the driver's words; the driver's error (SQLAlchemy's) is the ``__cause__``. In a worker the job
+    is retried as after any other error; the step keeps its row, and the rerun's rules apply."""
 
 
 class BadRedisUrl(CannotConnect, ConfigError):

@@ -152,7 +152,7 @@ class Runtime:
         if self._redis_fence_store is None:
             from ringfence.redis.fence import RedisFenceStore
 
-            self._redis_fence_store = RedisFenceStore(self.broker.sync, prefix=self.namespace)
+            self._redis_fence_store = RedisFenceStore(self.broker.sync, prefix=self.namespace, url=self.broker.url)
         return self._redis_fence_store
 
     @property

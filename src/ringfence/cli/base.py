@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from ringfence.app import App, load_app
-from ringfence.errors import CannotConnect, ConfigError, RingfenceError
+from ringfence.errors import CannotConnect, ConfigError, FenceStoreError, RingfenceError
 from ringfence.redis.connect import cannot_connect
 
 #: ``--dialect`` of the commands that print DDL (``fence ddl``, ``outbox ddl``).
@@ -42,12 +42,15 @@ def app_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 class Group(click.Group):
     """Prints ringfence errors as one clear line instead of a traceback: exit 2 for a refused input or
-    configuration, exit 3 when Redis or the fence database cannot be reached, or Redis refuses the login or a
-    command. ``--debug`` adds the traceback."""
+    configuration, exit 3 when Redis or the fence database cannot be reached or refuses the login or a command
+    (``CannotConnect``, ``NotPermitted``, ``FenceStoreError``). ``--debug`` adds the traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except FenceStoreError as exc:
+            found = _database_trouble(exc, getattr(ctx.meta.get("ringfence.app"), "fence_url", None))
+            self._fail(ctx, f"error: {exc if found is None else found[0]}", 3)
         except RingfenceError as exc:
             app = ctx.meta.get("ringfence.app")
             lost = isinstance(exc, CannotConnect) or cannot_connect(exc, getattr(app, "declared_redis_url", None))

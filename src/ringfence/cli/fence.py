@@ -111,10 +111,12 @@ def resolve_step(app: App, subject: str, step: str, happened: bool | None, refer
         raise ConfigError("say --done --reference REF or --not-done")
     if happened and not reference:
         raise ConfigError("--done needs --reference (the provider's id of the effect)")
-    from ringfence.errors import FenceError
+    from ringfence.errors import FenceError, FenceStoreError
 
     try:
         return require_fence_store(app).resolve(subject, step, happened=happened, reference=reference)
+    except FenceStoreError:
+        raise  # the database failed (exit 3), not the step
     except FenceError as exc:
         raise ConfigError(str(exc)) from exc
 

@@ -20,12 +20,13 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import ExceptionContext
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
 from ..errors import ConfigError, FenceStoreError
 
@@ -88,11 +89,24 @@ def is_transient(exc: BaseException) -> bool:
     return is_disconnect(exc) or isinstance(exc, OperationalError | InterfaceError)
 
 
-def store_error(exc: DBAPIError, where: str) -> FenceStoreError:
-    """``exc`` as ringfence's own error, naming ``where`` and the driver's words (raise it ``from exc``)."""
-    orig = exc.orig if isinstance(exc.orig, BaseException) else exc
+def store_error(exc: SQLAlchemyError, where: str, url: str | None = None) -> FenceStoreError:
+    """``exc`` as ringfence's own error, naming ``where``, the database at ``url`` (its password hidden) and the
+    driver's words (raise it ``from exc``)."""
+    orig = getattr(exc, "orig", None)
+    orig = orig if isinstance(orig, BaseException) else exc
     words = (str(orig).strip().splitlines() or [""])[0]
-    return FenceStoreError(f"{where}: the fence database failed: {type(orig).__name__}: {words}")
+    db = "the fence database" if url is None else f"the fence database at {url}"
+    return FenceStoreError(f"{where}: {db} failed: {type(orig).__name__}: {words}")
+
+
+@contextmanager
+def database_errors(where: str, engine: Engine) -> Iterator[None]:
+    """SQLAlchemy's and the driver's errors raised inside as :func:`store_error` (an operator's call: the message
+    names the database)."""
+    try:
+        yield
+    except SQLAlchemyError as exc:
+        raise store_error(exc, where, engine.url.render_as_string(hide_password=True)) from exc
 
 
 def retrying(policy: DbRetry, attempt: Callable[[bool], T], what: str = "database call") -> T:

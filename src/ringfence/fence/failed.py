@@ -1,5 +1,6 @@
 """Durable dead-letter: every dead job also lands in ``ringfence_failed_jobs`` of the application's database,
-so ``ringfence dead replay`` works after Redis lost its data (no persistence, a flush, a failover)."""
+so ``ringfence dead replay`` works after Redis lost its data (no persistence, a flush, a failover). A database that
+fails raises FenceStoreError (the driver's error its cause)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import CreateIndex
 
 from ..models import DeadJob
-from .dbretry import DEFAULT_RETRY, DbRetry, make_engine, retrying, watch_disconnects
+from .dbretry import DEFAULT_RETRY, DbRetry, database_errors, make_engine, retrying, watch_disconnects
 from .schema import FAILED_JOBS_TABLE, create_tables, db_now, db_now_plus, failed_jobs_table, tables_missing
 
 
@@ -34,13 +35,19 @@ class FailedJobs:
         self._lock = threading.Lock()
 
     def create_all(self) -> None:
-        create_tables(self.metadata, self.engine)
+        """Create the failed-jobs table and its indexes if missing."""
+        with database_errors("creating the failed_jobs table", self.engine):
+            create_tables(self.metadata, self.engine)
         self._upgraded = False
 
     def upgrade(self, assign_unowned: bool = False) -> tuple[bool, int]:
         """Bring a table created before namespaces up to date: add the ``namespace`` column and its index
         (run at first use; safe to race). With ``assign_unowned`` (``ringfence fence init``), rows written
         before the upgrade are given this namespace. Returns (column added, rows assigned)."""
+        with database_errors("upgrading the failed_jobs table", self.engine):
+            return self._upgrade(assign_unowned)
+
+    def _upgrade(self, assign_unowned: bool) -> tuple[bool, int]:
         t = self.table
         added = False
         with self._lock:
@@ -93,7 +100,8 @@ class FailedJobs:
                     conn.execute(insert(t).values(job_id=job.id, namespace=self.namespace, died_at=db_now(),
                                                   **values))
 
-        retrying(self.retry, attempt, f"failed_jobs write of job {job.id}")
+        with database_errors(f"the failed_jobs row of job {job.id}", self.engine):
+            retrying(self.retry, attempt, f"failed_jobs write of job {job.id}")
 
     def unreplayed(self, job_ids: list[str] | None = None) -> list[dict[str, Any]]:
         """Rows not replayed yet, newest first; one per job id (its latest death). None without the table."""
@@ -111,7 +119,9 @@ class FailedJobs:
 
         seen: set[str] = set()
         out = []
-        for m in retrying(self.retry, attempt, "failed_jobs read"):
+        with database_errors("reading failed_jobs", self.engine):
+            found = retrying(self.retry, attempt, "failed_jobs read")
+        for m in found:
             if m["job_id"] not in seen:
                 seen.add(m["job_id"])
                 out.append(m)
@@ -127,14 +137,15 @@ class FailedJobs:
                 with self.engine.begin() as conn:  # repeating it is harmless: only unmarked rows match
                     conn.execute(stmt)
 
-            retrying(self.retry, attempt, "failed_jobs replay mark")
+            with database_errors("marking failed_jobs rows replayed", self.engine):
+                retrying(self.retry, attempt, "failed_jobs replay mark")
 
     def delete(self, job_ids: list[str]) -> int:
         """Delete every row of these jobs (``ringfence dead delete``)."""
         if not job_ids or not self._ready():
             return 0
         t = self.table
-        with self.engine.begin() as conn:
+        with database_errors("deleting failed_jobs rows", self.engine), self.engine.begin() as conn:
             return int(conn.execute(sa_delete(t).where(self._mine(), t.c.job_id.in_(job_ids))).rowcount)
 
     def prune(self, older_than_s: float) -> int:
@@ -142,7 +153,7 @@ class FailedJobs:
         if not self._ready():
             return 0
         t = self.table
-        with self.engine.begin() as conn:
+        with database_errors("pruning failed_jobs", self.engine), self.engine.begin() as conn:
             return int(conn.execute(sa_delete(t).where(self._mine(), t.c.died_at < db_now_plus(-older_than_s)))
                        .rowcount)
 

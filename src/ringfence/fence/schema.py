@@ -41,6 +41,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ColumnElement, FunctionElement, bindparam
 
 from ..errors import FenceTablesMissing
+from .dbretry import database_errors
 
 DEFAULT_TABLE = "ringfence_fences"
 FAILED_JOBS_TABLE = "ringfence_failed_jobs"
@@ -107,11 +108,13 @@ def failed_jobs_table(metadata: MetaData, name: str = FAILED_JOBS_TABLE) -> Tabl
 
 def create_all(engine: Engine, *, table_name: str = DEFAULT_TABLE,
                failed_jobs_name: str = FAILED_JOBS_TABLE) -> MetaData:
-    """Create both tables if missing (idempotent) and return their MetaData."""
+    """Create both tables if missing (idempotent) and return their MetaData. A database that fails raises
+    FenceStoreError (the driver's error its cause)."""
     md = MetaData()
     fence_table(md, table_name)
     failed_jobs_table(md, failed_jobs_name)
-    create_tables(md, engine)
+    with database_errors("creating the fence tables", engine):
+        create_tables(md, engine)
     return md
 
 

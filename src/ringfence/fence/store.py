@@ -38,13 +38,13 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from ..errors import FenceError
 from ..faults import fault_point
 from . import complete as _complete
 from .astore import AsyncFence, async_url
-from .dbretry import DEFAULT_RETRY, DbRetry, make_engine, retrying, skip_idle_ends, watch_disconnects
+from .dbretry import DEFAULT_RETRY, DbRetry, make_engine, retrying, skip_idle_ends, store_error, watch_disconnects
 from .kept_connections import Direct
 from .model import COMPLETABLE, FenceRow, FenceState, Owner, StateText, provider_key
 from .rows import fenced_out as _fenced_out
@@ -158,11 +158,17 @@ class FenceStore:
 
     def create_all(self) -> None:
         """Create the fence table and its indexes if missing (safe when several processes race)."""
-        create_tables(self.metadata, self.engine)
+        try:
+            create_tables(self.metadata, self.engine)
+        except SQLAlchemyError as exc:
+            raise store_error(exc, "creating the fence table", self._url()) from exc
 
     def drop_all(self) -> None:
         """Drop the fence table (tests, teardown)."""
-        self.metadata.drop_all(self.engine)
+        try:
+            self.metadata.drop_all(self.engine)
+        except SQLAlchemyError as exc:
+            raise store_error(exc, "dropping the fence table", self._url()) from exc
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -181,7 +187,7 @@ class FenceStore:
         try:
             m = self._read_prebuilt(lambda conn: conn.execute(self.stmts.get, key).mappings().first())
         except Exception as exc:
-            self._name_missing_table(exc)
+            self._failed(exc, f"fence {subject!r}/{step!r}")
             raise
         return None if m is None else _row(m)
 
@@ -196,26 +202,32 @@ class FenceStore:
         try:
             return self._read(lambda conn: [_row(m) for m in conn.execute(q).mappings()])
         except Exception as exc:
-            self._name_missing_table(exc)
+            self._failed(exc, "listing fences")
             raise
 
-    def _name_missing_table(self, exc: Exception) -> None:
-        """Raise :class:`FenceTablesMissing` (one line: the database, the command that creates the table) when
-        ``exc`` says the fence table is not there: ``fence_url`` set, ``ringfence fence init`` not run."""
-        missing = missing_tables(exc, self.table.name, self._url())
+    def _failed(self, exc: Exception, where: str) -> None:
+        """An operator's call failed: raise FenceTablesMissing when the table is not there, FenceStoreError naming
+        ``where`` and the database for any other database error (the driver's error its cause); else return."""
+        missing = missing_tables(exc, self.table.name, self._url())  # `ringfence fence init` not run
         if missing is not None:
             raise missing from exc
+        if isinstance(exc, SQLAlchemyError):
+            raise store_error(exc, where, self._url()) from exc
 
     def name_missing_table(self, exc: Exception) -> None:
-        """:meth:`_name_missing_table` for a job's step: the SQL error is not chained (a dead job's record shows
-        the one line)."""
+        """Raise :class:`FenceTablesMissing` (one line: the database, the command that creates the table) when
+        ``exc`` says the fence table is not there, for a job's step: the SQL error is not chained (a dead job's
+        record shows the one line)."""
         missing = missing_tables(exc, self.table.name, self._url())
         if missing is not None:
             raise missing from None
 
     def db_now(self) -> datetime:
         """The database clock (what every fence timestamp is measured against)."""
-        value: datetime = self._read(lambda conn: conn.execute(select(db_now())).scalar_one())
+        try:
+            value: datetime = self._read(lambda conn: conn.execute(select(db_now())).scalar_one())
+        except SQLAlchemyError as exc:
+            raise store_error(exc, "reading the database clock", self._url()) from exc
         return value
 
     def in_window(self, subject: str, step: str, epoch: int, window_s: float) -> bool:
@@ -458,6 +470,8 @@ class FenceStore:
             return self._read(lambda conn: [_row(m) for m in conn.execute(q).mappings()])
         except Exception as exc:
             self.name_missing_table(exc)
+            if isinstance(exc, SQLAlchemyError):
+                raise store_error(exc, f"the fence steps of job {job_id}", self._url()) from exc
             raise
 
     def fence_out(self, row: FenceRow, owner: Owner) -> bool:
@@ -498,7 +512,7 @@ class FenceStore:
             with self.engine.begin() as conn:
                 changed = conn.execute(stmt).rowcount
         except Exception as exc:
-            self._name_missing_table(exc)
+            self._failed(exc, f"resolving fence {subject!r}/{step!r}")
             raise
         if changed != 1:
             raise FenceError(f"fence {subject!r}/{step!r} is not in_doubt; nothing to resolve")
@@ -515,7 +529,7 @@ class FenceStore:
         try:
             return int(self._write("fence prune", lambda conn, _retried: conn.execute(stmt).rowcount))
         except Exception as exc:
-            self._name_missing_table(exc)
+            self._failed(exc, "pruning completed fences")
             raise
 
 

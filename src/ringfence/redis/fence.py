@@ -10,7 +10,9 @@ differences a caller must accept:
   epoch, runs your block (your own transaction), then marks the fence completed.
 
 Each transition is one Lua script (atomic, one round trip); times are Redis's ``TIME``.
-The scripts stay inline because they are private to this store.
+The scripts stay inline because they are private to this store. Redis failing a call raises ringfence's
+``CannotConnect`` (down, timed out, login refused), ``NotPermitted`` (ACL) or ``BrokerError``, redis-py's error
+as the ``__cause__``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ..errors import FencedOut, FenceError
 from ..faults import fault_point
 from ..fence.model import COMPLETABLE, FenceRow, FenceState, Owner, provider_key
 from ..offloop import in_thread
+from .connect import broker_error
 from .keys import fence_key
 
 _CAPTURE = """
@@ -92,12 +95,14 @@ class RedisFenceStore:
     """Fences in Redis hashes (``{prefix}:fence:{len(subject)}:{subject}:{step}``). See the module docstring.
 
     ``ttl_s`` bounds how long an unfinished fence stays (``None``: no TTL); a completed
-    one keeps its step's ``retention_s`` (``None``: persisted).
+    one keeps its step's ``retention_s`` (``None``: persisted). ``url`` names Redis in errors (a URL given as
+    ``client`` is used when it is None).
     """
 
     def __init__(self, client: redis.Redis | str, *, prefix: str = "ringfence",
-                 ttl_s: float | None = 86400.0) -> None:
+                 ttl_s: float | None = 86400.0, url: str | None = None) -> None:
         self.redis = redis.Redis.from_url(client) if isinstance(client, str) else client
+        self.url = url if url is not None or not isinstance(client, str) else client
         self.prefix, self.ttl_s = prefix, ttl_s
         self._capture = self.redis.register_script(_CAPTURE)
         self._cas_script = self.redis.register_script(_CAS)
@@ -107,8 +112,15 @@ class RedisFenceStore:
         """The Redis key of a fence (redis/keys.py: ``fence_key``)."""
         return fence_key(self.prefix, subject, step)
 
+    def _run(self, script: Any, subject: str, step: str, args: list[Any] | None = None) -> Any:
+        """``script`` on the fence's key; redis-py's errors raised as ringfence's."""
+        try:
+            return script(keys=[self.key(subject, step)], args=args)
+        except redis.RedisError as exc:
+            raise broker_error(f"redis fence {subject!r}/{step!r}", exc, self.url) from exc
+
     def _get(self, subject: str, step: str) -> tuple[int, FenceRow | None]:
-        now, flat = self._read(keys=[self.key(subject, step)])
+        now, flat = self._run(self._read, subject, step)
         if not flat:
             return int(now), None
         h = {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat), 2)}
@@ -134,7 +146,7 @@ class RedisFenceStore:
                            "1" if bump else "0", "1" if lease_over else "0", lease_ms, expire]
         for name, value in fields.items():
             argv += [name, value]
-        return bool(self._cas_script(keys=[self.key(subject, step)], args=argv))
+        return bool(self._run(self._cas_script, subject, step, argv))
 
     def _must(self, ok: bool, subject: str, step: str, epoch: int) -> None:
         if not ok:
@@ -143,7 +155,7 @@ class RedisFenceStore:
     def capture(self, subject: str, step: str, owner: Owner, phash: str,
                 retention_s: float | None) -> FenceRow | None:
         ttl = 0 if self.ttl_s is None else int(self.ttl_s * 1000)
-        created = self._capture(keys=[self.key(subject, step)], args=[
+        created = self._run(self._capture, subject, step, [
             owner.job_id, owner.token, int(owner.lease_s * 1000), phash, provider_key(subject, step),
             "" if retention_s is None else repr(retention_s), ttl])
         return self.get(subject, step) if created else None
