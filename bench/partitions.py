@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -109,8 +110,9 @@ def drain(url: str, ports: list[int], jobs: int, workers: int, partitions: int, 
     finally:
         stop_workers(procs)
         app.close()
+    served = [after[p][0] - before[p][0] for p in ports]
     print(f"{len(ports)} master(s), {partitions} partitions, {workers} workers: {n} jobs in {seconds:.2f}s "
-          f"({n / seconds:,.0f} jobs/s)")
+          f"({n / seconds:,.0f} jobs/s); commands per master {(max(served) - min(served)) / max(served):.1%} apart")
     for p in ports:
         calls, cpu = after[p][0] - before[p][0], after[p][1] - before[p][1]
         print(f"  master :{p}: {calls:,} commands, {cpu:.2f} CPU s ({cpu / jobs * len(ports) * 1e6:.0f} µs per job "
@@ -121,20 +123,30 @@ def _processed(app: App, partitions: list[str]) -> int:
     return sum(int(app.broker.queue_counts(q)["stats"].get("processed", 0)) for q in partitions)
 
 
-def enqueue_cost(url: str, partitions: int, calls: int = 3000) -> None:
-    """Sequential ``task.enqueue(n=...)`` on a plain queue and on a partitioned one, alternating, twice each."""
+def enqueue_cost(url: str, partitions: int, calls: int = 3000, rounds: int = 2) -> None:
+    """Sequential ``task.enqueue(n=...)`` on a plain queue and on a partitioned one, alternating, ``rounds`` times
+    each; then each one's fastest and median run."""
     ns = f"benq{os.getpid()}{int(time.time())}"
     app = App(url, ns, environment="bench")
     app.queue("hot", partitions=partitions)
     plain = app.task(name="plain", queue="plain")(_noop)
     hot = app.task(name="hot", queue="hot")(_noop)
+    runs: dict[str, list[float]] = {"plain": [], "hot": []}
+    cpu: dict[str, list[float]] = {"plain": [], "hot": []}
     try:
-        for task in (plain, hot, plain, hot):
+        for task in (plain, hot) * rounds:
             task.enqueue(n=0)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for n in range(calls):
                 task.enqueue(n=n)
-            print(f"{task.name}: {(time.perf_counter() - t0) / calls * 1e6:.0f} µs per enqueue")
+            runs[task.name].append((time.perf_counter() - t0) / calls)
+            cpu[task.name].append((time.process_time() - c0) / calls)
+            print(f"{task.name}: {runs[task.name][-1] * 1e6:.0f} µs per enqueue, {cpu[task.name][-1] * 1e6:.1f} µs "
+                  "of the producer's CPU")
+        for name, took in runs.items():
+            print(f"{name}: fastest {min(took) * 1e6:.0f} µs ({1 / min(took):,.0f}/s), median "
+                  f"{statistics.median(took) * 1e6:.0f} µs ({1 / statistics.median(took):,.0f}/s); producer CPU "
+                  f"median {statistics.median(cpu[name]) * 1e6:.1f} µs")
     finally:
         for q in app.broker.queues():
             app.broker.sync.delete(*vars(app.broker.keys.queue(q)).values())
@@ -149,9 +161,10 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--masters", default="1,2,3")
+    ap.add_argument("--rounds", type=int, default=2, help="with --enqueue: runs of each queue, alternating")
     args = ap.parse_args()
     if args.enqueue:
-        enqueue_cost(args.enqueue, args.partitions)
+        enqueue_cost(args.enqueue, args.partitions, rounds=args.rounds)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)

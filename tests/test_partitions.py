@@ -443,3 +443,20 @@ def test_a_busy_worker_fetches_the_queues_own_list_within_the_bound(
     plain.enqueue_many("spread", [{"n": n} for n in range(3)])
     wait_until(lambda: sum(r[2] == "hot" for r in _runs(rdb, namespace)) == 3, timeout=30, interval=0.02)
     assert sum(_pending(hot).values()) > 0, "the jobs of hot itself waited for the partitions' backlog"
+
+
+def test_a_plain_enqueue_on_a_partitioned_queue_takes_the_packed_call_of_its_partition(hot: App) -> None:
+    """``task.enqueue(...)`` with no options sends the packed-ahead call (redis/ready.py) of the partition the job
+    routes to: in turn without a key, by the key's hash with one."""
+    from ringfence.redis.ready import ReadyEnqueue
+
+    for n in range(2 * PARTS):
+        hot.enqueue("spread", n=n)
+    for n in range(5):
+        hot.enqueue("keyed", key="a", n=n)
+    ready = hot.client._ready[hot.registry.get("spread")]  # type: ignore[index]
+    assert isinstance(ready, dict) and sorted(ready) == sorted(_pending(hot))
+    assert all(isinstance(call, ReadyEnqueue) for call in ready.values())
+    keyed = hot.client.partition("hot", "k:a")
+    assert _pending(hot) == {p: 2 + 5 * (p == keyed) for p in _pending(hot)}
+    assert hot.broker.queues() == sorted(_pending(hot))

@@ -91,7 +91,8 @@ class Client:
     def __init__(self, app: ProducerConfig) -> None:
         self.app = app
         self._known_queues: set[str] = set()
-        self._ready: dict[Task, ReadyEnqueue | None] = {}  # per task: its plain enqueues' packed-ahead call
+        # per task: its plain enqueues' packed-ahead call (a partitioned queue's: one per partition)
+        self._ready: dict[Task, ReadyEnqueue | dict[str, ReadyEnqueue] | None] = {}
         # jobs with no key go to the partitions in turn, from a random one: many short-lived producers would
         # otherwise all start on the first
         self._turn = itertools.count(random.randrange(1 << 30))
@@ -354,24 +355,33 @@ class Client:
                                           opts)
         return got[0]
 
-    def _ready_for(self, task: Task) -> ReadyEnqueue | None:
+    def _ready_for(self, task: Task) -> ReadyEnqueue | dict[str, ReadyEnqueue] | None:
         """The packed-ahead call for ``task``'s plain enqueues (no options), when they all go inline: no unique
-        key, no stored result (``_inline``), and a plain client (redis/ready.py)."""
+        key, no stored result (``_inline``), and a plain client (redis/ready.py). For a partitioned queue, one per
+        partition, by name."""
         if task.unique_for is not None or task.concurrency_key is not None or not self._inline(task, NO_OPTIONS):
             return None
         queue = self.check_options(task, NO_OPTIONS)
-        if queue in self.app.partitions:  # each job picks its partition (route)
+        n = self.app.partitions.get(queue)
+        names = [partition_name(queue, i, n) for i in range(n)] if n else [queue]
+        calls = {name: self.app.broker.ready_enqueue(name) for name in names}
+        ready = {name: call for name, call in calls.items() if call is not None}
+        if len(ready) < len(names):
             return None
-        ready = self.app.broker.ready_enqueue(queue)
-        if ready is not None and queue not in self._known_queues:
-            self.app.broker.register_queues([queue])
-            self._known_queues.add(queue)
-        return ready
+        new = [name for name in names if name not in self._known_queues]
+        if new:
+            self.app.broker.register_queues(new)
+            self._known_queues.update(new)
+        return ready if n else ready[queue]
 
-    def _enqueue_ready(self, task: Task, payload: Any, ready: ReadyEnqueue) -> str:
+    def _enqueue_ready(self, task: Task, payload: Any, ready: ReadyEnqueue | dict[str, ReadyEnqueue]) -> str:
         """``enqueue`` with no options, as ``prepare`` + ``Broker.enqueue`` + ``Broker.run`` do it for a job that
         goes inline, in less Python: a sequential producer's rate is bound by its CPU per call."""
         args = task.codec.encode(payload)
+        queue = task.options.queue
+        if isinstance(ready, dict):  # a partitioned queue: the job's partition, as prepare routes it
+            queue = self.route(task, queue, args, NO_OPTIONS)
+            ready = ready[queue]
         now = ready.clock_ms()
         name, version = task.options.name, task.codec.version
         spec = JobSpec.plain(name, args, now, version)
@@ -380,7 +390,6 @@ class Client:
             self._check_size(task, spec)
         job_id = new_job_id()
         if len(spec) > INLINE_MAX_BYTES or not ready.send(job_id, spec, int(now)):
-            queue = task.options.queue
             got = self._run(self.app.broker.enqueue(queue, [(job_id, spec, 0)], True), NO_OPTIONS)
             return self._id(Prepared(queue, job_id, spec, 0, "", 0), got[0], NO_OPTIONS)
         return job_id
