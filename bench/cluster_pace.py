@@ -217,6 +217,10 @@ def report(got: list[tuple[str, str, int, float]], producer: Producer, healthy: 
           f"attempt 2+: {orphans}; healthy jobs not run: "
           f"{sum(1 for j, (q, _) in producer.acked.items() if q in healthy and j not in count)}; "
           f"refused enqueues (all queues): {producer.refused}")
+    late = [(job_id, queue, at - t0) for job_id, queue, attempt, at in got if queue in healthy and attempt > 1]
+    if late:  # to look up in the workers' logs (BENCH_LOGS)
+        print("healthy jobs run as attempt 2+ (id queue start): " + "; ".join(
+            f"{job_id} {queue} {at:.1f}s" for job_id, queue, at in late[:10]))
 
 
 def main() -> int:
