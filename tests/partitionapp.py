@@ -30,6 +30,11 @@ async def spread(ctx, n: int) -> None:
     record.rpush(f"{ns}:test:runs", f"- {n} {ctx.queue} {ctx.attempt} {ctx.id}")
 
 
+@app.task(name="limited", queue="hot", concurrency_key="acct:{key}", concurrency_limit=1)
+async def limited(ctx, key: str, n: int) -> None:
+    record.rpush(f"{ns}:test:runs", f"{key} {n} {ctx.queue} {ctx.attempt} {ctx.id}")
+
+
 @app.task(name="slow", queue="hot", max_attempts=3)
 async def slow(ctx, n: int) -> None:
     record.rpush(f"{ns}:test:runs", f"- {n} {ctx.queue} {ctx.attempt} {ctx.id}")

@@ -28,6 +28,10 @@ def _noop(ctx: object, key: str, n: int, fail: bool = False) -> None:
     pass
 
 
+def _limited(ctx: object, key: str, n: int) -> None:
+    pass
+
+
 @pytest.fixture
 def old(make_app: Callable[..., App]) -> App:
     """A producer of the old declaration."""
@@ -78,6 +82,24 @@ def test_a_worker_declared_with_another_n_drains_the_old_partitions(
     assert sorted(int(r[1]) for r in runs if r[0] == "a") == list(range(10))
     assert sorted(int(r[1]) for r in runs if r[0] == "-") == list(range(48))
     assert not any(old.broker.sync.llen(old.broker.keys.queue(p).pending) for p in olds)
+
+
+def test_keyed_jobs_an_old_worker_sorted_into_their_keys_lists_run(
+        old: App, redis_url: str, namespace: str, rdb: redis.Redis, started: list[subprocess.Popen[bytes]]) -> None:
+    """Jobs of a concurrency key that an old worker's fetch sorted into their keys' lists (its partition's pending
+    list then empty) and one it leased and never finished: a worker declared with 4 runs each once more."""
+    old.task(name="limited", queue="hot", concurrency_key="acct:{key}", concurrency_limit=1)(_limited)
+    old.enqueue_many("limited", [{"key": f"k{k}", "n": n} for k in range(3) for n in range(10)])
+    held = [p for p in sorted(old.broker.queues()) if old.broker.sync.llen(old.broker.keys.queue(p).pending)]
+    now = old.broker.clock()
+    leased = [old.broker.run(old.broker.fetch(p, 1, now + 500, f"old.{i}")) for i, p in enumerate(held)]
+    assert all(len(got) == 1 for got in leased)
+    assert not any(old.broker.sync.llen(old.broker.keys.queue(p).pending) for p in held)
+    _worker(started, redis_url, namespace)
+    wait_until(lambda: len(_runs(rdb, namespace)) >= 30, timeout=20)
+    runs = _runs(rdb, namespace)
+    assert sorted((r[0], int(r[1])) for r in runs) == [(f"k{k}", n) for k in range(3) for n in range(10)]
+    assert {r[2] for r in runs} <= set(held)
 
 
 def test_the_doctor_counts_old_partitions_as_served(old: App, redis_url: str, namespace: str) -> None:
