@@ -5,7 +5,8 @@ call of any coroutine, the healthy nodes' calls included, one reload at a time. 
 to the queues of a dead master (leases, acks, recovery, its queue list), so while the master is down the calls of
 the healthy queues kept waiting on reloads. Now a node that failed a call is asked again only once per ``DOWN_S``
 (by the first call after that): the others fail at once with a ``ConnectionError`` naming it, as if sent. After a
-failover the reloaded map names the promoted replica, whose calls pass."""
+failover the reloaded map names the promoted replica, whose calls pass. The sync client has a gate of its own
+(``Broker.sync_gate``): each of its calls to a dead node reloaded the map twice (a retry), from any thread."""
 
 from __future__ import annotations
 
