@@ -1,11 +1,13 @@
 """The cost of a workflow step against a plain job (``python -m bench.workflow_cost``).
 
 One ``ringfence worker`` process (default settings) against a private redis-server drains, alternately, ``--jobs``
-plain no-op jobs (``enqueue_many``) and the same number of steps as chains of ``--length`` no-op steps (each step
-takes the previous result as ``previous``). The worker is started, stopped (SIGSTOP) while the work is enqueued,
-and let go. Per job or step: the commands Redis ran (``INFO commandstats``, those inside scripts included), the
-script calls (round trips: the producer's enqueue or start, the worker's fetches, acks and advances), the worker's
-CPU, Redis's CPU; and the drain's rate (a chain's steps run one after the other). Medians of ``--rounds``.
+plain no-op jobs (``enqueue_many``), the same number of steps as chains of ``--length`` no-op steps (each step
+takes the previous result as ``previous``), and as many steps in chains whose steps alternate between two queues
+(``across``: each step handed over to the other queue; the worker serves both). The worker is started, stopped
+(SIGSTOP) while the work is enqueued, and let go. Per job or step: the commands Redis ran (``INFO commandstats``,
+those inside scripts included), the script calls (round trips: the producer's enqueue or start, the worker's
+fetches, acks, advances and hand-overs), the worker's CPU, Redis's CPU; and the drain's rate (a chain's steps run
+one after the other). Medians of ``--rounds``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ def step(ctx: JobContext, n: int, previous: Any = None) -> int:
     return n
 
 
+@app.task(queue="bench2")
+def step2(ctx: JobContext, n: int, previous: Any = None) -> int:
+    return n
+
+
 def _cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -58,8 +65,9 @@ def drain(mod: Any, url: str, kind: str, jobs: int, length: int, log: str) -> di
     b.sync.flushall()
     env = {**os.environ, "WF_BENCH_URL": url, "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "src")])}
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", "bench.workflow_cost:app"],
-                                env=env, stdout=out, stderr=out)
+        queues = "bench,bench2" if kind == "across" else "bench"
+        proc = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", "bench.workflow_cost:app",
+                                 "--queues", queues], env=env, stdout=out, stderr=out)
     try:
         while not b.servers():
             if proc.poll() is not None:
@@ -71,14 +79,15 @@ def drain(mod: Any, url: str, kind: str, jobs: int, length: int, log: str) -> di
         if kind == "plain":
             mod.app.enqueue_many(mod.plain, [{"n": i} for i in range(jobs)])
         else:
+            tasks = [mod.step, mod.step2] if kind == "across" else [mod.step]
             for c in range(jobs // length):
-                ringfence.chain(*[mod.step.s(n=c * length + i) for i in range(length)]).enqueue()
+                ringfence.chain(*[tasks[i % len(tasks)].s(n=c * length + i) for i in range(length)]).enqueue()
         info0, cpu0 = b.sync.info("all"), _cpu(proc.pid)
         start = time.perf_counter()
         os.kill(proc.pid, signal.SIGCONT)
         polls = 0
-        stats = b.keys.queue("bench").stats
-        while int(b.sync.hget(stats, "processed") or 0) < jobs:
+        stats = [b.keys.queue(q).stats for q in ("bench", "bench2")]
+        while sum(int(b.sync.hget(k, "processed") or 0) for k in stats) < jobs:
             polls += 1
             if time.perf_counter() - start > 300:
                 raise SystemExit(f"the drain did not finish (log {log})")
@@ -87,7 +96,7 @@ def drain(mod: Any, url: str, kind: str, jobs: int, length: int, log: str) -> di
         info1, cpu1 = b.sync.info("all"), _cpu(proc.pid)
         scripts = int(info1.get("cmdstat_evalsha", {}).get("calls", 0))
         # commandstats counts the commands a script runs too: "calls" is Redis's work, "scripts" the round trips
-        return {"per_s": jobs / took, "calls": (_calls(info1) - polls - 2) / jobs, "scripts": scripts / jobs,
+        return {"per_s": jobs / took, "calls": (_calls(info1) - polls * 2 - 2) / jobs, "scripts": scripts / jobs,
                 "worker_us": (cpu1 - cpu0) / jobs * 1e6,
                 "redis_us": (_redis_cpu(info1) - _redis_cpu(info0)) / jobs * 1e6}
     finally:
@@ -107,7 +116,7 @@ def main() -> None:
     os.environ["WF_BENCH_URL"] = url
     from bench import workflow_cost as mod  # imported again, now that its App has the server's URL
     log = os.path.join(tempfile.mkdtemp(prefix="wf-bench-"), "worker.log")
-    found: dict[str, list[dict[str, float]]] = {"plain": [], "step": []}
+    found: dict[str, list[dict[str, float]]] = {"plain": [], "step": [], "across": []}
     try:
         for _ in range(args.rounds):
             for kind in found:

@@ -25,8 +25,8 @@ end
 -- counted here: wf_hand_in.lua counts it in its queue).
 local function queue_step(wf, i, now, jobs, pending, out)
   if redis.call('HGET', wf, 's' .. i) ~= 'waiting' then return 0 end
-  local id = redis.call('HGET', wf, 'j' .. i)
-  local q = redis.call('HGET', wf, 'q' .. i)
+  local f = redis.call('HMGET', wf, 'j' .. i, 'q' .. i)  -- one call: a workflow of one queue pays nothing more
+  local id, q = f[1], f[2]
   if q then
     local spec = step_spec(wf, i, now)
     redis.call('HSET', wf, 's' .. i, 'handing', 'o' .. i, spec)
