@@ -30,6 +30,7 @@ from ringfence.doctor import Context, Finding, Snapshot, Status, Thresholds, run
 from ringfence.doctor.model import SEVERITY
 from ringfence.models import new_job_id
 from ringfence.notify import Notifier, WebhookSender
+from ringfence.offloop import HOP
 from ringfence.redis import observe
 from ringfence.worker.loop import Loop
 
@@ -166,14 +167,14 @@ class AlertLoop(Loop):
         self.notifier = notifier(app, self.rules)
 
     async def tick(self) -> list[AlertEvent]:  # type: ignore[override]
-        events = await asyncio.to_thread(self.evaluator.evaluate)
+        events = await HOP.run(self.evaluator.evaluate)
         for event in events:
             await deliver(self.notifier, event)
         return events
 
     async def stop(self) -> None:
         await super().stop()
-        await asyncio.to_thread(self.evaluator.release)
+        await HOP.run(self.evaluator.release)
         self.notifier.close()
 
 
@@ -187,5 +188,5 @@ async def watch(app: App, rules: AlertRules, iterations: int | None = None) -> N
             n += 1
             await asyncio.sleep(rules.interval_s)
     finally:
-        await asyncio.to_thread(loop.evaluator.release)
+        await HOP.run(loop.evaluator.release)
         loop.notifier.close()

@@ -432,6 +432,7 @@ class Client:
 
     async def aenqueue(self, task: Task, payload: Any, opts: EnqueueOptions) -> str:
         if opts.depends_on is not None or opts.debounce_s is not None:
+            # to_thread: the app's executor bounds the threads of a gather of many enqueues; the hop does not.
             return await asyncio.to_thread(self.enqueue, task, payload, opts)
         return (await self.aenqueue_many(task, [payload], opts))[0]
 

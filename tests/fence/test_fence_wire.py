@@ -109,12 +109,15 @@ def test_a_settling_run_never_captures_calling(backend: Backend, subject: str, m
 
 
 async def test_an_async_fence_runs_its_statements_on_the_loop(url_store: FenceStore, subject: str,
-                                                              provider: Provider, make_owner: OwnerFactory) -> None:
+                                                              provider: Provider, make_owner: OwnerFactory,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A store built from a psycopg URL opens an AsyncEngine of the same URL: capture, calling, record and the
-    auto-completion of an ``async with`` fence with an ``async def`` effect use no thread at all (the loop's
-    executor, which ``asyncio.to_thread`` uses, is never asked). Another loop keeps the thread path."""
+    auto-completion of an ``async with`` fence with an ``async def`` effect use no thread at all (neither the
+    thread hop, offloop.HOP, nor the loop's executor is asked). Another loop keeps the thread path."""
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
+
+    from ringfence.offloop import HOP
 
     if url_store.engine.dialect.name != "postgresql":
         pytest.skip("the async engine path is psycopg's")
@@ -126,6 +129,13 @@ async def test_an_async_fence_runs_its_statements_on_the_loop(url_store: FenceSt
             Counting.submitted += 1
             return super().submit(*args, **kwargs)
 
+    hop = HOP.run
+
+    async def counted_hop(fn: Any, *args: Any) -> Any:
+        Counting.submitted += 1
+        return await hop(fn, *args)
+
+    monkeypatch.setattr(HOP, "run", counted_hop)
     loop = asyncio.get_running_loop()
     loop.set_default_executor(Counting(max_workers=2))
     key: list[str] = []

@@ -5,7 +5,7 @@ A store built from a ``postgresql+psycopg://`` URL opens psycopg ``AsyncConnecti
 arguments as SQLAlchemy reads them from the URL) the first time an ``async with`` fence runs, bound to that event
 loop, and keeps them between statements (``kept_connections.AsyncDirect``): a worker has one loop, so every
 async fence of the process uses them. On any other loop, or with another driver, the fence keeps running its store
-calls in a thread (``asyncio.to_thread``). Only the happy path is here (capture or read, calling,
+calls in a thread (``offloop.HOP``). Only the happy path is here (capture or read, calling,
 record, complete, release); the rerun rules that need more (a takeover, the in-doubt rules) run the blocking
 code in a thread, once.
 

@@ -8,7 +8,6 @@ In every case: the epoch-conditional UPDATE runs first in the transaction (rowco
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import (
@@ -28,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from ..errors import ConfigError, FencedOut
 from ..faults import fault_point
-from ..offloop import in_thread
+from ..offloop import HOP, in_thread
 from .dbretry import NO_RETRY, DbRetry, aretrying, is_disconnect, retrying, told
 from .lazy import lazy_completion, take_spare, unsent
 
@@ -316,7 +315,7 @@ async def async_completion(db: Any, stmt: Bound, dialect: Dialect, stale: Stale,
             try:
                 await atx.__aexit__(None, None, None)
             except DBAPIError as exc:
-                if not await asyncio.to_thread(_confirm, exc, committed):
+                if not await HOP.run(_confirm, exc, committed):
                     raise
         return
     try:
@@ -330,7 +329,7 @@ async def async_completion(db: Any, stmt: Bound, dialect: Dialect, stale: Stale,
         await db.commit()
     except DBAPIError as exc:
         await db.rollback()
-        if not await asyncio.to_thread(_confirm, exc, committed):
+        if not await HOP.run(_confirm, exc, committed):
             raise
 
 
@@ -379,7 +378,7 @@ class AloneOnLoop:
             spare = take_spare(db)  # a connection kept from an earlier completion: no I/O, no thread hop
             self.sync = sync = lazy_completion(db, lambda c: first_statement(c, stmt), self.stale, self.retry,
                                                self._needed, self.committed, _confirm, restore_autocommit, spare)
-            self.conn = sync.__enter__() if spare is not None else await asyncio.to_thread(sync.__enter__)
+            self.conn = sync.__enter__() if spare is not None else await HOP.run(sync.__enter__)
         except Exception as exc:
             wrong = None if self.table is None else _wrong_database(exc, db, self.table, self.fence_db)
             if wrong is None:
@@ -390,9 +389,9 @@ class AloneOnLoop:
     async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
         sync = self.sync
         if et is not None:
-            return bool(await asyncio.to_thread(sync.__exit__, et, exc, tb))
+            return bool(await HOP.run(sync.__exit__, et, exc, tb))
         if not unsent(self.conn):
-            await asyncio.to_thread(sync.__exit__, None, None, None)
+            await HOP.run(sync.__exit__, None, None, None)
             return False
         sync.__exit__(None, None, None)  # gives the connection back and asks for the completion alone
         if self.needed:

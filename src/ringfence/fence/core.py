@@ -1,6 +1,6 @@
 """The fence protocol's decisions, written once as blocking code.
 
-``step.py`` wraps this for ``with`` (called directly) and ``async with`` (in ``asyncio.to_thread``;
+``step.py`` wraps this for ``with`` (called directly) and ``async with`` (on a thread of ``offloop.HOP``;
 a sync effect's calling, call and record share one hop); the provider call and the ``reconcile`` hook are the only parts
 that run in the caller's own style, between :meth:`Core.begin_effect` and
 :meth:`Core.finish_effect`.
@@ -8,7 +8,6 @@ that run in the caller's own style, between :meth:`Core.begin_effect` and
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from datetime import datetime
@@ -25,6 +24,7 @@ from ..errors import (
     SettleOnly,
 )
 from ..faults import fault_point
+from ..offloop import HOP
 from .model import FenceBackend, FenceRow, FenceState, Owner, dumps, params_hash, provider_key
 
 
@@ -128,7 +128,7 @@ class Core:
         self.premarked = fresh and request is not None
         if fresh or (row is not None and row.state is FenceState.COMPLETED and row.params_hash == self.phash):
             return self.captured(row, fresh)  # no database call in these branches
-        return await asyncio.to_thread(self.enter, (row, fresh))
+        return await HOP.run(self.enter, (row, fresh))
 
     def _capture(self) -> tuple[FenceRow | None, bool]:
         """(row, inserted by us): the SQL store answers in one call; another backend captures, then reads."""

@@ -175,12 +175,12 @@ class FenceContext:
             if self._astore is not None:
                 decided = await core.aenter(self._astore)
             else:
-                decided = await asyncio.to_thread(core.enter)
+                decided = await HOP.run(core.enter)
         except DBAPIError as exc:
             raise _failed(core, exc) from exc
         if decided is RECONCILE:
             answer = await _bounded_hook(core)
-            await asyncio.to_thread(_stored, core, core.apply_reconcile, answer)
+            await HOP.run(_stored, core, core.apply_reconcile, answer)
         return AsyncStep(core, self._astore)
 
     async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None,
@@ -198,7 +198,7 @@ class FenceContext:
             if self._astore is not None:
                 await core.aexit(self._astore, exc)
             else:
-                await asyncio.to_thread(core.exit, exc)
+                await HOP.run(core.exit, exc)
         except DBAPIError as err:
             raise _failed(core, err) from err
 
@@ -291,7 +291,7 @@ class AsyncStep(_StepView):
         if inspect.iscoroutinefunction(fn):  # calling and the record on the loop where the store can
             try:
                 stored = await (core.abegin_effect(a, request) if a is not None
-                                else asyncio.to_thread(core.begin_effect, request))
+                                else HOP.run(core.begin_effect, request))
             except DBAPIError as exc:
                 raise _failed(core, exc) from exc
             if stored is not None:
@@ -299,8 +299,7 @@ class AsyncStep(_StepView):
             value = await fn()
         else:
             # A sync fn runs in a thread anyway: calling, the call and the record share that one hop (the sync
-            # statements cost less CPU than the async ones; a stored reference needs no hop at all). hop.py: half
-            # the CPU of asyncio.to_thread's hop.
+            # statements cost less CPU than the async ones; a stored reference needs no hop at all).
             stored = core.plan_effect(request)[0] if a is not None else None
             if stored is not None:
                 return stored
@@ -313,7 +312,7 @@ class AsyncStep(_StepView):
         try:
             if a is not None:
                 return await core.afinish_effect(a, value, reference)
-            return await asyncio.to_thread(core.finish_effect, value, reference)
+            return await HOP.run(core.finish_effect, value, reference)
         except DBAPIError as exc:
             raise _failed(core, exc) from exc
 

@@ -3,9 +3,9 @@ the relay lease lets one send at a time; the others look every ``interval_s`` wh
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
+from ringfence.offloop import HOP
 from ringfence.outbox.relay import Relay
 from ringfence.worker.loop import Loop
 
@@ -21,7 +21,7 @@ class RelayLoop(Loop):
         self.relay = Relay(app, owner=owner, lease_s=max(10.0, 4 * interval_s))
 
     async def tick(self) -> None:
-        await asyncio.to_thread(self._drain)
+        await HOP.run(self._drain)
 
     def _drain(self) -> None:
         """While this worker leads: batches until one comes back short."""
@@ -30,4 +30,4 @@ class RelayLoop(Loop):
 
     async def stop(self) -> None:
         await super().stop()
-        await asyncio.to_thread(self.relay.release)
+        await HOP.run(self.relay.release)

@@ -116,4 +116,5 @@ def wait_slices(timeout_ms: int, socket_timeout_s: float | None) -> list[int]:
 
 async def arun_replicated(broker: Broker, call: Call[T], replicas: int, timeout_ms: int) -> T:
     """``run_replicated`` off the event loop (WAIT blocks its connection for up to ``timeout_ms``)."""
+    # to_thread: a producer's call; the app's executor bounds the threads (and connections) of many at once.
     return await asyncio.to_thread(run_replicated, broker, call, replicas, timeout_ms)

@@ -9,6 +9,7 @@ import logging
 import time
 from collections import defaultdict, deque
 
+from ringfence.offloop import HOP
 from ringfence.redis.broker import Broker
 from ringfence.redis.connect import while_loading
 from ringfence.redis.connection import UNAVAILABLE
@@ -221,7 +222,7 @@ class ConfirmedAcks:
         at = time.monotonic()
         call = self.broker.ack(queue, [(i[0], i[1]) for i in items])
         try:
-            lost, acked = await asyncio.to_thread(run_and_wait, self.broker, call, self.replicas, self.timeout_ms)
+            lost, acked = await HOP.run(run_and_wait, self.broker, call, self.replicas, self.timeout_ms)
         except UNAVAILABLE:  # the ack may have run on a master that then died: checked once Redis answers
             lost, acked = [], -1
         except Exception as exc:

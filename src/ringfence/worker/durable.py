@@ -9,12 +9,12 @@ when it stops). So a kill at any point loses neither.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Protocol
 
 from ringfence.fence.failed import FailedJobs
 from ringfence.models import DeadJob
+from ringfence.offloop import HOP
 from ringfence.redis.broker import Broker
 from ringfence.worker.loop import Loop
 from ringfence.worker.maintenance import QueueSet
@@ -33,7 +33,7 @@ async def write_row(failed: FailedJobs, broker: Broker, dead: DeadJob, spec: dic
     """Write the failed-jobs row of a job that reached the Redis dead-letter, then clear its debt.
     On a database error the debt stays, and the sweep writes the row later."""
     try:
-        await asyncio.to_thread(failed.record, dead, spec)
+        await HOP.run(failed.record, dead, spec)
     except Exception as exc:
         log.error("job %s: its failed_jobs row could not be written (%s: %s); it is in the Redis dead-letter "
                   "and a worker writes the row later", dead.id, type(exc).__name__, exc)

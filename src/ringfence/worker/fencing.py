@@ -5,7 +5,6 @@ named, a ``calling`` one parked in doubt (``leaving``)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from ringfence.fence import DbRetry, Fences, FenceState, Owner
 from ringfence.fence.dbretry import is_transient
 from ringfence.fence.model import FenceRow, step_note
 from ringfence.models import Fetched
+from ringfence.offloop import HOP
 from ringfence.redis.broker import Broker
 from ringfence.redis.connection import UNAVAILABLE
 from ringfence.settings import WorkerSettings
@@ -79,7 +79,7 @@ class Fencing:
         if store is None:
             return False
         try:
-            owned = await asyncio.to_thread(store.owned, job.id)
+            owned = await HOP.run(store.owned, job.id)
         except Exception:
             log.exception("job %s: reading the steps it owns failed; no settling run", job.id)
             return False
@@ -97,7 +97,7 @@ class Fencing:
         if store is None:
             return [], False
         try:
-            return await asyncio.to_thread(self._leaving, store, job)
+            return await HOP.run(self._leaving, store, job)
         except FenceTablesMissing:
             return [], False  # no fence table, so no step it owns; the job's own error says so
         except Exception as exc:

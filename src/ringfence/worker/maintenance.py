@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+from ringfence.offloop import HOP
 from ringfence.redis.broker import Broker
 from ringfence.redis.call import Call
 from ringfence.redis.connection import UNAVAILABLE
@@ -107,7 +107,7 @@ class DeadRetention(Loop):
                 log.info("dead-letter retention: deleted %d job(s) of queue %s older than %gs", gone, queue,
                          self.retention_ms / 1000)
         if self.failed_jobs is not None:
-            rows = await asyncio.to_thread(self.failed_jobs.prune, self.retention_ms / 1000)
+            rows = await HOP.run(self.failed_jobs.prune, self.retention_ms / 1000)
             if rows:
                 log.info("dead-letter retention: deleted %d failed_jobs row(s)", rows)
 

@@ -16,6 +16,7 @@ from ringfence.app import App
 from ringfence.errors import BrokerError, CannotConnect, ConfigError, EnvironmentMismatch, RedisFull
 from ringfence.metrics import Metrics
 from ringfence.models import new_job_id
+from ringfence.offloop import HOP
 from ringfence.redis.connect import login_refused, still_loading, while_loading
 from ringfence.redis.connection import UNAVAILABLE, redact
 from ringfence.redis.keys import logical_queue
@@ -249,7 +250,7 @@ class Worker:
         if stop_signal_caught():  # one that reached another thread of the process this one replaced
             self.request_stop()
         await self._connect()
-        await asyncio.to_thread(self.runtime.prepare_fence_tables)  # not raced by the first jobs
+        await HOP.run(self.runtime.prepare_fence_tables)  # not raced by the first jobs
         names = [q for q, _ in self.queues]
         await self._register(names)
         for name, task in sorted(self.app.registry.tasks.items()):
