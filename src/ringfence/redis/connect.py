@@ -13,7 +13,7 @@ import redis
 from redis.connection import parse_url
 
 from ringfence.errors import BrokerError, CannotConnect, NotPermitted
-from ringfence.redis.connection import RESHARDING, Health, parse_target
+from ringfence.redis.connection import RESHARDING, UNAVAILABLE, Health, parse_target
 
 T = TypeVar("T")
 
@@ -63,6 +63,31 @@ async def while_loading(step: Callable[[], Awaitable[T]], health: Health, patien
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.1)
+            continue
+        health.ok()
+        return found
+
+
+async def until_answered(step: Callable[[], Awaitable[T]], health: Health, patience_s: float) -> T:
+    """``step()`` of a starting worker, run again with backoff while Redis does not answer (a master failing over,
+    a restart) for up to ``patience_s`` after the first failure, and while it answers LOADING for as long as it
+    loads; then the error is raised. A refused login is raised at once: waiting cannot help."""
+    deadline: float | None = None
+    delay = 0.1
+    while True:
+        try:
+            found = await step()
+        except UNAVAILABLE as exc:
+            if isinstance(exc, redis.AuthenticationError):
+                raise
+            health.lost(exc)
+            now = time.monotonic()
+            if deadline is None or still_loading(exc):
+                deadline = now + patience_s
+            elif now > deadline:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
             continue
         health.ok()
         return found

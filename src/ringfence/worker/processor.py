@@ -13,7 +13,7 @@ import asyncio
 import logging
 
 from ringfence.models import Fetched
-from ringfence.redis.connect import while_loading
+from ringfence.redis.connect import until_answered
 from ringfence.redis.connection import UNAVAILABLE
 from ringfence.tasks import Task
 from ringfence.worker.admit import Admission, Admitted, Asks
@@ -66,7 +66,7 @@ class Processor:
     # -- fetching -------------------------------------------------------------------------------
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
-        await while_loading(self.fetcher.waker.start, self.broker.health, self.broker.connection.first_connect_s)
+        await until_answered(self.fetcher.waker.start, self.broker.health, self.broker.connection.first_connect_s)
         self.acks.start()
         backoff = 0.1
         while not self.stopping.is_set():

@@ -17,7 +17,7 @@ from ringfence.errors import BrokerError, CannotConnect, ConfigError, Environmen
 from ringfence.metrics import Metrics
 from ringfence.models import new_job_id
 from ringfence.offloop import HOP
-from ringfence.redis.connect import login_refused, still_loading, while_loading
+from ringfence.redis.connect import login_refused, still_loading, until_answered, while_loading
 from ringfence.redis.connection import UNAVAILABLE, redact
 from ringfence.redis.keys import logical_queue
 from ringfence.settings import WorkerSettings, check_name, check_threads
@@ -203,13 +203,14 @@ class Worker:
             delay = min(delay * 2, 2.0)
 
     async def _register(self, names: list[str]) -> None:
-        """Registrations the worker can run without (the heartbeat registers its queues on every beat)."""
+        """Registrations the worker can run without (the heartbeat registers its queues on every beat). Redis
+        may stop answering after the connect (a master failing over): waited for as the connect does."""
         b = self.broker
         try:
-            await while_loading(lambda: b.aregister_queues(names, "queue registration"), b.health,
-                                b.connection.first_connect_s)
-            await while_loading(lambda: b.aregister_dependencies(self.app.breakers), b.health,
-                                b.connection.first_connect_s)
+            await until_answered(lambda: b.aregister_queues(names, "queue registration"), b.health,
+                                 b.connection.first_connect_s)
+            await until_answered(lambda: b.aregister_dependencies(self.app.breakers), b.health,
+                                 b.connection.first_connect_s)
         except RedisFull as exc:
             log.warning("%s; starting anyway: this worker drains the queues", exc)
 
