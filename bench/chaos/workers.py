@@ -53,7 +53,9 @@ class Workers:
         self.procs = [self.spawn(slot) for slot in range(self.count)]
 
     def alive(self) -> list[WorkerProc]:
-        return [w for w in self.procs if w.popen.poll() is None and w.termed_at is None]
+        """Running workers no fault has hit yet (a SIGKILLed one may not be reaped by the time a SIGTERM fires in the
+        same tick: it is no candidate)."""
+        return [w for w in self.procs if w.popen.poll() is None and w.termed_at is None and not w.killed]
 
     def ended(self, kind: str) -> int:
         return sum(1 for k, _, _ in self.ends if k == kind)
