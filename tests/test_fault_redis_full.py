@@ -20,6 +20,7 @@ from ringfence import App
 from ringfence.doctor import Context, Snapshot, Thresholds, run_checks
 from ringfence.doctor.model import Status
 from ringfence.errors import RedisFull
+from ringfence.models import new_job_id
 from ringfence.redis import workflows
 from ringfence.redis.broker import Broker
 from ringfence.redis.embedded import EmbeddedRedis, free_port
@@ -154,10 +155,11 @@ async def test_scripts_run_on_the_embedded_redis_6_2_without_shebang_and_without
         assert b.run(b.enqueue("q", [("j2", b'{"t":"x","a":{},"e":1}', 0), ("j3", b'{"t":"x","a":{},"e":1}', 0)]))
         assert b.run(b.cancel("q", "j2")) == "pending" and b.run(b.purge("q", 10)) == 1
         spec = b'{"t":"x","a":{},"e":1}'
-        assert b.run(b.enqueue("q", [("j4", spec, 0), ("j5", spec, 0)], inline=True)) == [True, True]
-        assert b.job_state("q", "j4") == "pending" and b.job_spec("q", "j5") == spec  # inline, read on 6.2
-        assert b.run(b.cancel("q", "j4", None, b.inline_entry("q", "j4"))) == "pending"
-        assert [j[0] for j in await b.arun(b.fetch("q", 5, now + 2000, "tok"))] == ["j5"]
+        j4, j5 = new_job_id(), new_job_id()  # an inline entry holds a generated id only (client.py)
+        assert b.run(b.enqueue("q", [(j4, spec, 0), (j5, spec, 0)], inline=True)) == [True, True]
+        assert b.job_state("q", j4) == "pending" and b.job_spec("q", j5) == spec  # inline, read on 6.2
+        assert b.run(b.cancel("q", j4, None, b.inline_entry("q", j4))) == "pending"
+        assert [j[0] for j in await b.arun(b.fetch("q", 5, now + 2000, "tok"))] == [j5]
         assert b._shebang is False
     finally:
         await b.aclose()
