@@ -38,13 +38,24 @@ class Gates:
         self.breakers = breakers          # app.breaker(...) and every task's dependency
         self.held: dict[str, list[tuple[str, str]]] = {}  # job id -> (kind, name) slots it holds
         self._flusher: asyncio.Task[None] | None = None
+        self._queue_limited: dict[str, bool] = {}
+        self._limits_seen = len(queue_limits)
 
     def applies(self, job: Fetched, task: Task) -> bool:
         """Whether ``enter`` has anything to check for this job: a concurrency limit (task or queue) or a
         dependency. False: the caller may skip ``enter`` and ``release`` (no coroutine or clock read per job)."""
-        return (task.concurrency is not None or task.dependency is not None
-                or logical_queue(job.queue) in self.queue_limits
+        return (task.concurrency is not None or task.dependency is not None or self._limited(job.queue)
                 or task.concurrency_key is not None or b',"ck":"' in job.raw)
+
+    def _limited(self, queue: str) -> bool:
+        """Whether ``queue`` (or the queue it is a partition of) has a limit; read once per queue."""
+        if len(self.queue_limits) != self._limits_seen:  # a limit declared since
+            self._queue_limited.clear()
+            self._limits_seen = len(self.queue_limits)
+        limited = self._queue_limited.get(queue)
+        if limited is None:
+            limited = self._queue_limited[queue] = logical_queue(queue) in self.queue_limits
+        return limited
 
     def limits(self, job: Fetched, task: Task) -> list[tuple[str, str, int]]:
         out = []
@@ -60,8 +71,7 @@ class Gates:
         (renewed by the heartbeat) until ``release`` or ``release_key``, and nothing is awaited."""
         spec = job.spec
         key = spec.extra.get("ck") if spec is not None else None
-        if isinstance(key, str) and task.concurrency is None and task.dependency is None and (
-                logical_queue(job.queue) not in self.queue_limits):
+        if type(key) is str and task.concurrency is None and task.dependency is None and not self._limited(job.queue):
             self.held[job.id] = [(f"key:{job.queue}", key)]
             return True
         return False
@@ -125,8 +135,11 @@ class Gates:
 
     def release_key(self, job: Fetched) -> None:
         """``release`` of a job ``hold_key`` took: its key's slot, with no await."""
-        for kind, name in self.held.pop(job.id, []):
-            self._free_key_slot(kind[4:], name, job.id)
+        held = self.held.pop(job.id, None)
+        if held is not None:
+            self.broker.free_key_slot(job.queue, held[0][1], job.id)
+            if self._flusher is None or self._flusher.done():
+                self._flusher = asyncio.create_task(self._free_key_slots())
 
     def _free_key_slot(self, queue: str, key: str, holder: str) -> None:
         """Freed by the queue's next fetch, in its script: no call of its own."""

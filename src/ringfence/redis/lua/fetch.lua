@@ -95,7 +95,8 @@ local function take(n)
   local entries = redis.call('RPOP', KEYS[1], n) or {}
   local order, sorted, limits = {}, {}, {}
   for _, entry in ipairs(entries) do
-    local _, spec = entry_spec(entry)
+    -- an inline entry's id holds neither ',"ck":"' nor ',"a":': its key is read in place, no substring made
+    local spec = string.find(entry, '{', 1, true) and entry or redis.call('HGET', KEYS[2], entry)
     local key, limit = nil, nil
     if spec then key, limit = entry_key(spec) end
     if key or keyed then
