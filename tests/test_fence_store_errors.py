@@ -3,11 +3,13 @@
 without rights on the fence tables, made for the test and dropped after). Through ``ctx.fence`` in a plain call
 (``ringfence.testing.run_job``) and through a real worker, whose verdict is the one a failed attempt always had:
 retried, then dead-lettered when the database answers that the steps cannot be read. So do the operator's calls
-(``FenceStore``, ``FailedJobs``, ``create_all``, the bulk reads; the CLI exits 3 on them), and ``ctx.redis_fence``
-with Redis down raises CannotConnect, redis-py's error as the cause."""
+(``FenceStore``, ``FailedJobs``, ``create_all``, the bulk reads; the CLI exits 3 on them) and ``jobs.cancel_job``
+of a job owning a calling step. ``ctx.redis_fence`` with Redis down, and ``ctx.fence`` asking Redis whether the
+job holding its step is alive, raise CannotConnect, redis-py's error as the cause."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -38,12 +40,15 @@ from ringfence import (
     RingfenceError,
 )
 from ringfence.cli import main as cli
-from ringfence.fence import FenceStore, create_all
+from ringfence.fence import FenceRow, FenceState, FenceStore, Owner, create_all
 from ringfence.fence.failed import FailedJobs
+from ringfence.fence.model import params_hash
 from ringfence.fence.reads import owner_rows, state_counts, step_rows
-from ringfence.jobs import find_job
+from ringfence.jobs import cancel_job, find_job
 from ringfence.redis.embedded import free_port
+from ringfence.settings import WorkerSettings
 from ringfence.testing import run_job
+from ringfence.worker.fencing import Fencing
 from storeerrorsapp import declare
 from support import ROOT, SERVERS, wait_until
 
@@ -71,16 +76,27 @@ def refused_module_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
 
 @contextmanager
 def refused_role(tmp_path: Path) -> Iterator[str]:
+    with fence_role(tmp_path) as (_owner_url, url):
+        yield url
+
+
+@contextmanager
+def fence_role(tmp_path: Path, grant: str = "") -> Iterator[tuple[str, str]]:
+    """(the owner's URL, the URL of a role that may log in) on a database holding the fence tables; the role has
+    ``grant`` on the fence table (no rights when empty)."""
     role = f"rf_norights_{uuid.uuid4().hex[:8]}"
     server = create_engine(make_url(SERVERS["postgresql"] or ""), isolation_level="AUTOCOMMIT")
     try:
         with empty_database("postgresql", tmp_path) as url:
             owner = create_engine(url)
             create_all(owner)
-            owner.dispose()
             with server.connect() as c:
                 c.execute(text(f"CREATE ROLE {role} LOGIN"))
-            yield make_url(url).set(username=role).render_as_string(hide_password=False)
+            if grant:
+                with owner.begin() as c:
+                    c.execute(text(f"GRANT {grant} ON ringfence_fences TO {role}"))
+            owner.dispose()
+            yield url, make_url(url).set(username=role).render_as_string(hide_password=False)
     finally:  # the database is gone with its connections: the role owns nothing
         with server.connect() as c:
             c.execute(text(f"DROP ROLE IF EXISTS {role}"))
@@ -132,8 +148,8 @@ class Worker:
         assert self.proc.wait(30) == 0, self.log.read_text()
 
 
-def producer(redis_url: str, namespace: str) -> App:
-    app = App(redis_url, namespace)
+def producer(redis_url: str, namespace: str, fence_url: str | None = None) -> App:
+    app = App(redis_url, namespace, fence_url=fence_url)
     for name in ("charge", "acharge"):  # the producer's declarations: the worker runs them
         app.task(name=name, store_result=True)(lambda ctx, order: None)
     return app
@@ -215,6 +231,10 @@ OPERATOR_CALLS: dict[str, Callable[[Opened], object]] = {
     "FenceStore.prune": lambda o: o.fences().prune(),
     "FenceStore.owned": lambda o: o.fences().owned("job-1"),
     "FenceStore.db_now": lambda o: o.fences().db_now(),
+    "FenceStore.park": lambda o: o.fences().park("order:1", "charge", 1),  # a cancel, a dead-letter
+    "FenceStore.fence_out": lambda o: o.fences().fence_out(
+        FenceRow("order:1", "charge", FenceState.CLAIMED, 1, "job-1", "tok-1", "-", "order:1:charge"),
+        Owner("job-1", "tok-2", lease_s=30.0)),
     "FenceStore.create_all": lambda o: o.fences(table_name=NEVER_CREATED).create_all(),
     "fence.create_all": lambda o: create_all(o.engine(), table_name=NEVER_CREATED,
                                              failed_jobs_name=f"{NEVER_CREATED}_jobs"),
@@ -265,6 +285,86 @@ def test_the_cli_exits_3_when_the_fence_database_fails(down: bool, refused_modul
                              env={"RINGFENCE_FENCE_URL": url, "RINGFENCE_APP": None})
     said = "cannot connect to the fence database" if down else "permission denied"
     assert out.exit_code == 3 and said in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+def calling_step(url: str, job_id: str) -> None:
+    """Job ``job_id`` owns step order:1/charge, marked calling (its effect may have left)."""
+    store = FenceStore(url)
+    try:
+        row = store.capture("order:1", "charge", Owner(job_id, "tok-1", lease_s=60.0), params_hash(None), None)
+        assert row is not None
+        store.mark_calling("order:1", "charge", row.epoch, None, 60.0)
+    finally:
+        store.engine.dispose()
+
+
+def test_cancel_with_the_database_down_raises_fence_store_error(redis_url: str, namespace: str) -> None:
+    """``ringfence job cancel`` (jobs.cancel_job) reads the steps the job owns first: the job stays queued."""
+    app = producer(redis_url, namespace, fence_url=closed_port_url())
+    job_id = app.enqueue("charge", order=1)
+    with pytest.raises(FenceStoreError) as info:
+        cancel_job(app, job_id)
+    check(info.value, OperationalError)
+    assert "Connection refused" in str(info.value), str(info.value)
+    view = find_job(app, job_id)
+    assert view is not None and view.state == "pending", view
+    app.close()
+
+
+def test_cancel_refused_the_park_of_a_calling_step_raises_fence_store_error(redis_url: str, namespace: str,
+                                                                           tmp_path: Path) -> None:
+    """The job owns a calling step, and the database lets the role read it but refuses to park it in doubt: a
+    ringfence error naming the step, the job stays queued."""
+    with fence_role(tmp_path, grant="SELECT") as (owner_url, reader_url):
+        app = producer(redis_url, namespace, fence_url=reader_url)
+        job_id = app.enqueue("charge", order=1)
+        calling_step(owner_url, job_id)
+        try:
+            with pytest.raises(FenceStoreError) as info:
+                cancel_job(app, job_id)
+        finally:
+            app.fence_store.engine.dispose()
+        check(info.value, ProgrammingError)
+        assert "parking fence 'order:1'/'charge'" in str(info.value), str(info.value)
+        assert "permission denied" in str(info.value), str(info.value)
+        view = find_job(app, job_id)
+        assert view is not None and view.state == "pending", view
+        app.close()
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_the_owner_check_in_a_fence_with_redis_down_raises_cannot_connect(sync: bool, tmp_path: Path) -> None:
+    """A step held by another job: ``ctx.fence`` asks Redis whether that job's lease is live, and Redis is down.
+    The handler gets CannotConnect, redis-py's error as the cause."""
+    with empty_database("postgresql", tmp_path) as owner_url:
+        engine = create_engine(owner_url)
+        create_all(engine)
+        engine.dispose()
+        calling_step(owner_url, "job-other")
+        app = App(f"redis://127.0.0.1:{free_port()}/0", "rf-redis-down", fence_url=owner_url)
+        ctx = JobContext(id="job-mine", task="charge", queue="default", attempt=1, max_attempts=3, enqueued_ms=0,
+                         token="tok-mine", fencing=Fencing(app, app.broker, WorkerSettings()))
+
+        async def enter() -> None:
+            async with ctx.fence("order:1", "charge"):
+                pass
+
+        def run() -> None:
+            if not sync:
+                return asyncio.run(enter())
+            with ctx.fence("order:1", "charge"):
+                pass
+
+        try:
+            with pytest.raises(CannotConnect) as info:
+                run()
+        finally:
+            app.fence_store.engine.dispose()
+            app.close()
+    err = info.value
+    assert isinstance(err, BrokerError) and isinstance(err, RingfenceError)
+    assert isinstance(err.__cause__, redis.ConnectionError), repr(err.__cause__)
+    assert "checking the lease of job job-other" in str(err) and app.redis_url in str(err), str(err)
 
 
 def redis_fenced_app() -> App:

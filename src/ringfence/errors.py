@@ -10,8 +10,8 @@
     │   ├── PayloadTooNew      written by a newer release than this worker: delayed, not failed
     │   └── BadRecord          a stored job record breaks the wire format (names the field and its type)
     ├── DuplicateJob           a unique enqueue found the key held by a queued or running job
-    ├── BrokerError            Redis did something the broker did not expect; also from ctx.redis_fence (with
-    │                          Redis down: CannotConnect); redis-py's error is the __cause__
+    ├── BrokerError            Redis did something the broker did not expect; also from ctx.redis_fence and
+    │                          ctx.fence's owner check (Redis down: CannotConnect); redis-py's error is the __cause__
     │   ├── RedisFull          Redis is at maxmemory: writes that add data (enqueue) are refused
     │   ├── NotReplicated      a durable write reached fewer replicas than asked within its timeout
     │   ├── NotPermitted       the Redis user may not run a command the call needs (ACL): refused before any write
@@ -35,8 +35,9 @@
         └── FenceStoreError    the fence database failed (down, or refused a statement): the driver's error is
                                the __cause__; a job that raises it is retried like any failed attempt. Raised by
                                ctx.fence and by every operator call: FenceStore's get, list_steps, resolve,
-                               prune, owned, db_now, create_all; FailedJobs' calls; ringfence.fence.create_all
-                               (the CLI exits 3). A missing fence table is FenceTablesMissing instead.
+                               prune, owned, park, fence_out, db_now, create_all; FailedJobs' calls;
+                               ringfence.fence.create_all; jobs.cancel_job (the CLI exits 3). A missing fence
+                               table is FenceTablesMissing instead.
 
 This module imports nothing of ours.
 """

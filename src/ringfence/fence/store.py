@@ -206,8 +206,8 @@ class FenceStore:
             raise
 
     def _failed(self, exc: Exception, where: str) -> None:
-        """An operator's call failed: raise FenceTablesMissing when the table is not there, FenceStoreError naming
-        ``where`` and the database for any other database error (the driver's error its cause); else return."""
+        """A call failed: raise FenceTablesMissing when the table is not there, FenceStoreError naming ``where`` and
+        the database for any other database error (the driver's error its cause); else return."""
         missing = missing_tables(exc, self.table.name, self._url())  # `ringfence fence init` not run
         if missing is not None:
             raise missing from exc
@@ -377,9 +377,13 @@ class FenceStore:
                   {"state": StateText.CALLING, "request": request})
 
     def park(self, subject: str, step: str, epoch: int) -> None:
-        """calling → in_doubt: nobody can tell; a person resolves it."""
-        self._cas(self.stmts.park, subject, step, epoch, {}, [FenceState.CALLING],
-                  {"state": StateText.IN_DOUBT, "lease_until": None})
+        """calling → in_doubt: nobody can tell; a person resolves it. FencedOut when the step moved on."""
+        try:
+            self._cas(self.stmts.park, subject, step, epoch, {}, [FenceState.CALLING],
+                      {"state": StateText.IN_DOUBT, "lease_until": None})
+        except Exception as exc:
+            self._failed(exc, f"parking fence {subject!r}/{step!r} in doubt")
+            raise
 
     def release(self, subject: str, step: str, epoch: int) -> None:
         """End our lease early (a claimed step failed before its effect); best effort."""
@@ -488,7 +492,11 @@ class FenceStore:
             return conn.execute(stmt).rowcount == 1 or (
                 retried and self._holds(conn, row.subject, row.step, row.epoch + 1, mine))
 
-        return self._write("fence out", attempt)
+        try:
+            return self._write("fence out", attempt)
+        except Exception as exc:
+            self._failed(exc, f"fencing out the claimed fence {row.subject!r}/{row.step!r}")
+            raise
 
     # --- operations by a person -------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from ringfence.fence.model import FenceRow, step_note
 from ringfence.models import Fetched
 from ringfence.offloop import HOP
 from ringfence.redis.broker import Broker
+from ringfence.redis.connect import REDIS_ERRORS, broker_error
 from ringfence.redis.connection import UNAVAILABLE
 from ringfence.settings import WorkerSettings
 from ringfence.tasks import JobContext
@@ -53,7 +54,7 @@ class Fencing:
 
     def owner(self, ctx: JobContext) -> Owner:
         # The fence's own lease is the fallback when the broker cannot answer: it covers the job's timeout.
-        return Owner(ctx.id, ctx.token, lease_s=ctx.timeout_s + self.settings.lease_s, alive=self.alive,
+        return Owner(ctx.id, ctx.token, lease_s=ctx.timeout_s + self.settings.lease_s, alive=self._owner_alive,
                      observe=self.observe, settle_only=ctx.settling, deadline=ctx.deadline, budget_s=ctx.timeout_s,
                      lease_held=lambda: self.leases.held(ctx.id, ctx.token, self.margin_ms))
 
@@ -66,6 +67,15 @@ class Fencing:
     def alive(self, job_id: str, token: str) -> bool:
         """Does attempt ``token`` of job ``job_id`` still hold a live lease, in any queue?"""
         return any(self.broker.lease_alive(q, job_id, token) for q in self.broker.queues())
+
+    def _owner_alive(self, job_id: str, token: str) -> bool:
+        """``alive`` asked inside a handler's fence: redis-py's errors reach the handler as ringfence's
+        (CannotConnect, NotPermitted, BrokerError), redis-py's as the cause."""
+        try:
+            return self.alive(job_id, token)
+        except REDIS_ERRORS as exc:
+            what = f"fence: checking the lease of job {job_id} (it holds the step)"
+            raise broker_error(what, exc, self.broker.url) from exc
 
     # -- a job that leaves the queue while it owns a step past capture --------------------------------
 
