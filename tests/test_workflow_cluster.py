@@ -1,14 +1,17 @@
 """Workflows on a private 3-master Redis Cluster: the workflow's hash lives in its queue's slot, so its start, each
 step's ack-and-advance and a dead step's dead-letter are scripts of one slot; a real worker runs a chain, a chord and
 a failing chain there, and `ringfence workflow show` reads them. Steps in queues on other masters go by hand-over,
-through a SIGKILL between its two halves."""
+through a SIGKILL between its two halves, and through a start whose hand-in finds its queue's master killed."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import logging
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +21,7 @@ import orjson
 import pytest
 
 import ringfence
+from ringfence import faults
 from support import ROOT, wait_until
 from topology import HAVE_REDIS, Cluster, queue_per_master
 
@@ -96,3 +100,47 @@ def test_steps_in_queues_on_three_masters_hand_over_once_through_a_kill(wf: Modu
         for w in workers:
             w.kill()
             w.wait(10)
+
+
+@pytest.mark.parametrize("call", ["enqueue", "aenqueue"])
+def test_a_start_whose_hand_over_fails_returns_its_id_and_the_sweep_hands_the_step_over(
+        wf: ModuleType, cluster: Cluster, caplog: pytest.LogCaptureFixture, call: str) -> None:
+    """The master of the first due step's queue is SIGKILLed once the start is stored, before its hand-in: the
+    start returns the workflow id (a caller who retried would start a second workflow) with one warning; once the
+    master is back, a worker's sweep hands the step over and it runs once."""
+    b = wf.app.broker
+    by_master = queue_per_master(b)
+    ns_master = b.sync.get_node_from_key(b.keys.queues).name
+    victim = sorted(m for m in by_master if m != ns_master)[0]
+    home, target = by_master[ns_master], by_master[victim]
+    port = int(victim.rsplit(":", 1)[1])
+
+    def kill_target(name: str) -> None:
+        if name == "before_hand_in":
+            cluster.kill(port)
+
+    node = ringfence.group([wf.add.with_options(queue=home).s(x=1), wf.add.with_options(queue=target).s(x=2)])
+    started = time.monotonic()
+    try:
+        with faults.inject(kill_target), caplog.at_level(logging.WARNING, logger="ringfence.workflows"):
+            wid = node.enqueue() if call == "enqueue" else asyncio.run(node.aenqueue())
+        took = time.monotonic() - started
+        warned = [r.getMessage() for r in caplog.records if r.name == "ringfence.workflows"]
+        assert len(warned) == 1 and wid in warned[0] and f"{wid}.1" in warned[0] and target in warned[0], warned
+    finally:
+        if port not in cluster.procs:
+            cluster.start_node(port)
+        wait_until(cluster.settled, timeout=30)
+    assert took < 30
+    worker = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app", "workflowapp:app",
+                               "--queues", f"{home},{target}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_until(lambda: (v := wf.app.workflow(wid)) and v.state == "done", timeout=40)
+    finally:
+        worker.kill()
+        worker.wait(10)
+    view = wf.app.workflow(wid)
+    assert [(s.queue, s.result) for s in view.steps] == [(home, 1), (target, 2)]
+    assert {q: int(b.sync.hget(b.keys.queue(q).stats, "enqueued") or 0) for q in (home, target)} == {
+        home: 1, target: 1}

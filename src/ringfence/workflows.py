@@ -31,6 +31,8 @@ from ringfence.models import new_job_id
 from ringfence.outbox import write as outbox_write
 from ringfence.redis import workflows as stored
 from ringfence.redis.broker import Broker
+from ringfence.redis.call import Call
+from ringfence.redis.connect import REDIS_ERRORS, broker_error
 from ringfence.results import DEFAULT_TTL_S
 from ringfence.runtime import Live
 from ringfence.settings import TaskOptions, check_name
@@ -88,14 +90,12 @@ class Node:
         """Store the workflow, queue its first steps; returns the workflow id. ``business_id``: fenced steps
         default to it and their step name; ``result_ttl_s``: how long it is kept once finished (default a day)."""
         start = _Start(self, business_id, result_ttl_s)
-        start.broker.register_queues(start.queues)
-        stored.hand_over(start.broker, start.broker.run(start.call())[1])
+        start.hand_over(start.store())
         return start.workflow_id
 
     async def aenqueue(self, business_id: str | None = None, result_ttl_s: float | None = None) -> str:
         start = _Start(self, business_id, result_ttl_s)
-        await start.broker.aregister_queues(start.queues)
-        await stored.ahand_over(start.broker, (await start.broker.arun(start.call()))[1])
+        await start.ahand_over(await start.astore())
         return start.workflow_id
 
     def enqueue_in(self, conn: Any, business_id: str | None = None, result_ttl_s: float | None = None) -> str:
@@ -247,12 +247,52 @@ class _Start:
     def send(self) -> bool:
         """Store and queue it now; False (logged) when Redis did not answer."""
         try:
-            self.broker.register_queues(self.queues)
-            stored.hand_over(self.broker, self.broker.run(self.call())[1])
+            handed = self.store()
         except Exception as exc:  # after a commit: kept for retry, never raised into the caller
             log.error("workflow %s not started after its commit (%s: %s)", self.workflow_id, type(exc).__name__, exc)
             return False
+        self.hand_over(handed)
         return True
+
+    def store(self) -> list[stored.Handed]:
+        """Store the workflow and queue its steps of the home queue; the steps due in other queues, to hand over.
+        Raises ringfence's error (the start is not stored, or it is unknown whether it was: a retry with the same
+        id is harmless)."""
+        try:
+            self.broker.register_queues(self.queues)
+            return self.broker.run(self.call())[1]
+        except REDIS_ERRORS as exc:
+            raise broker_error(f"workflow {self.workflow_id} start", exc, self.broker.url) from exc
+
+    async def astore(self) -> list[stored.Handed]:
+        try:
+            await self.broker.aregister_queues(self.queues)
+            return (await self.broker.arun(self.call()))[1]
+        except REDIS_ERRORS as exc:
+            raise broker_error(f"workflow {self.workflow_id} start", exc, self.broker.url) from exc
+
+    def hand_over(self, handed: list[stored.Handed]) -> None:
+        """Hand each step over to its queue. The start is stored: a failure here is left to the workers' sweep,
+        not raised (a caller who retried would start a second workflow)."""
+        for n, h in enumerate(handed):
+            try:
+                stored.hand_over(self.broker, [h])
+            except Exception as exc:
+                self._left(handed[n:], exc)
+                return
+
+    async def ahand_over(self, handed: list[stored.Handed]) -> None:
+        for n, h in enumerate(handed):
+            try:
+                await stored.ahand_over(self.broker, [h])
+            except Exception as exc:
+                self._left(handed[n:], exc)
+                return
+
+    def _left(self, left: list[stored.Handed], exc: Exception) -> None:
+        steps = ", ".join(f"{self.names[h.index]} (job {h.job_id}, queue {h.queue})" for h in left)
+        log.warning("workflow %s started; its hand-over of %s failed (%s: %s): a worker's sweep puts it in its "
+                    "queue once Redis answers", self.workflow_id, steps, type(exc).__name__, " ".join(str(exc).split()))
 
     def retry(self) -> None:
         deadline = time.monotonic() + START_RETRY_S
@@ -273,7 +313,7 @@ class _Start:
                                   "unique_for, expiry_s or durable option")
         return queues
 
-    def call(self) -> Any:
+    def call(self) -> Call[tuple[int, list[stored.Handed]]]:
         fields = self.fields(self.broker.clock())
         return stored.start(self.broker, self.queue, self.workflow_id, len(self.steps), fields)
 
