@@ -21,7 +21,8 @@ import pytest
 import redis
 
 import ringfence
-from ringfence import ConfigError
+from ringfence import CannotConnect, ConfigError
+from ringfence.redis.embedded import free_port
 from support import ROOT, WorkerProc, wait_until
 
 
@@ -225,3 +226,17 @@ async def test_aenqueue_stores_the_workflow_and_queues_only_its_first_steps(wf: 
     assert view is not None and view.state == "running" and view.business_id == "b:1"
     assert [s.state for s in view.steps] == ["queued", "queued", "waiting"]
     assert [wf.app.broker.job_state("wf", s.job_id) for s in view.steps] == ["pending", "pending", None]
+
+
+async def test_a_start_redis_does_not_take_raises_ringfence_error() -> None:
+    """Redis unreachable before the start is stored: the caller gets CannotConnect naming the workflow's start
+    (it may retry), not redis-py's error."""
+    app = ringfence.App(f"redis://127.0.0.1:{free_port()}/0", "wfdown")
+    try:
+        step = app.task(name="step")(lambda ctx: None)
+        with pytest.raises(CannotConnect, match=r"workflow \S+ start"):
+            ringfence.chain(step.s(), step.s()).enqueue()
+        with pytest.raises(CannotConnect, match=r"workflow \S+ start"):
+            await ringfence.group([step.s(), step.s()]).aenqueue()
+    finally:
+        app.close()
