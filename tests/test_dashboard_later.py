@@ -154,3 +154,18 @@ def test_later_actions_need_the_token_and_the_csrf_value(app: App) -> None:
     bad = client.post("/actions/later", data={**form, "csrf": token, "all": "1", "after": "12x"})
     assert bad.status_code == 400 and "after must be a time in milliseconds" in bad.text
     assert app.broker.job_state("default", job) == "scheduled"
+
+
+def test_a_cancel_the_fence_store_refuses_says_so_and_leaves_the_job(make_app: Any) -> None:
+    from bench.servers import free_port
+
+    app: App = make_app(fence_url=f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/test")
+    app.task(name="later")(lambda ctx, **kw: None)
+    job_id = app.registry.get("later").with_options(delay_s=3600).enqueue(n=1)
+    client, token = logged_in(app)
+    page = client.post("/actions/later", data={"csrf": token, "op": "cancel", "queue": "default",
+                                               "state": "scheduled", "id": job_id}).text
+    assert "refused:" in page and "127.0.0.1" in page  # the fence store's error, not a count of 0
+    assert app.broker.job_state("default", job_id) == "scheduled"
+    overview = client.get("/")  # the overview still shows the queues, and why no step in doubt is counted
+    assert overview.status_code == 200 and "steps in doubt are not counted" in overview.text

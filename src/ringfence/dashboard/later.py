@@ -11,7 +11,7 @@ from starlette.responses import PlainTextResponse, Response
 
 from ringfence import jobs
 from ringfence.dashboard.page import BadInput, whole
-from ringfence.errors import RingfenceError
+from ringfence.errors import ConfigError
 
 if TYPE_CHECKING:
     from ringfence.app import App
@@ -33,12 +33,14 @@ def run_now(app: App, queue: str, state: str, ids: list[str]) -> int:
 
 
 def cancel(app: App, ids: list[str]) -> int:
+    """Cancel each job still scheduled or retrying; any other error (the fence store or Redis failing) stops the
+    batch and reaches the page, the rest staying queued."""
     n = 0
     for job_id in ids:
         try:
             jobs.cancel_job(app, job_id)
             n += 1
-        except RingfenceError:
+        except ConfigError:
             continue  # left the state meanwhile (ran, or cancelled by someone else)
     return n
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ringfence.dashboard.charts import buckets, line_chart, minute_labels
 from ringfence.dashboard.tasks import history, task_rows
+from ringfence.errors import FenceStoreError, FenceTablesMissing
 from ringfence.queries import queue_gauges
 from ringfence.redis.keys import logical_queue
 
@@ -38,7 +39,7 @@ def overview(app: App) -> dict[str, Any]:
         })
     charts = minute_charts(total, minute, "worst queue")
     return {"queues": with_partitioned_totals(rows), "charts": charts, "environment": broker.environment(),
-            "tasks": task_rows(broker.servers()), "in_doubt": in_doubt_count(app)}
+            "tasks": task_rows(broker.servers()), **in_doubt_count(app)}
 
 
 _SUMMED = ("pending", "active", "scheduled", "retry", "dead", "processed_min", "failed_min", "processed", "failed")
@@ -69,10 +70,16 @@ def with_partitioned_totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 IN_DOUBT_SHOWN = 200  # the overview counts in-doubt steps up to this many ("200 or more")
 
 
-def in_doubt_count(app: App) -> int | None:
-    """In-doubt fence steps, read up to IN_DOUBT_SHOWN + 1 rows (None: no fence database)."""
+def in_doubt_count(app: App) -> dict[str, Any]:
+    """``in_doubt``: in-doubt fence steps, read up to IN_DOUBT_SHOWN + 1 rows (None: no fence database);
+    ``fence_error``: why they could not be read (the overview still shows the queues)."""
     store = app.fence_store_in_use()
-    return None if store is None else len(store.list_steps(state="in_doubt", limit=IN_DOUBT_SHOWN + 1))
+    if store is None:
+        return {"in_doubt": None, "fence_error": ""}
+    try:
+        return {"in_doubt": len(store.list_steps(state="in_doubt", limit=IN_DOUBT_SHOWN + 1)), "fence_error": ""}
+    except (FenceStoreError, FenceTablesMissing) as exc:
+        return {"in_doubt": None, "fence_error": str(exc)}
 
 
 def minute_charts(counts: dict[str, int], minute: int, which: str, day: bool = True) -> list[Any]:
