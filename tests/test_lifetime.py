@@ -54,6 +54,8 @@ def test_a_sync_handler_that_returns_soon_after_its_timeout_keeps_its_worker(
     wait_until(lambda: app.broker.queue_counts("default")["stats"].get("processed") == 1)
     m.noop.enqueue(n=1)
     wait_until(lambda: records(rdb, namespace, "runs"), timeout=10)
+    # the run's record comes from the handler, its count from the ack batched after it
+    wait_until(lambda: app.broker.queue_counts("default")["stats"].get("processed") == 2, timeout=10)
     assert w.proc.poll() is None
     assert [s["id"] for s in app.broker.servers()] == [first["id"]]  # never restarted
     stats = app.broker.queue_counts("default")["stats"]
