@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import time
@@ -39,13 +40,16 @@ def descendants(pid: int) -> set[int]:
     return out
 
 
+_pick = random.SystemRandom()
+
+
 def free_ports(n: int) -> int:
-    """A port p such that p .. p+n-1 are free now."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n < 65536 and all(_free(base + i) for i in range(n)):
+    """A port p such that p .. p+n-1 are free now, below Linux's ephemeral range (32768 and up): there an
+    outgoing connection of another test (a Redis client's source port) could take one before a child binds it,
+    and the child would fail to start, again and again, while that connection lives."""
+    for _ in range(200):
+        base = _pick.randint(10000, 22000)
+        if all(_free(base + i) for i in range(n)):
             return base
     raise AssertionError("no free port range")
 
