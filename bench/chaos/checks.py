@@ -150,7 +150,28 @@ def samples(db: sqlite3.Connection, limit: int = 10) -> dict[str, list[Any]]:
         "unsettled": "SELECT order_id, state, charges FROM settled WHERE NOT ok",
         "local_mismatch": "SELECT order_id FROM settled WHERE mismatch = 1",
     }
-    return {k: [list(r) for r in db.execute(f"{sql} ORDER BY order_id LIMIT {limit}")] for k, sql in q.items()}
+    out = {k: [list(r) for r in db.execute(f"{sql} ORDER BY order_id LIMIT {limit}")] for k, sql in q.items()}
+    out["stories"] = [story(db, order_id) for (order_id,) in db.execute(
+        "SELECT order_id FROM settled WHERE NOT ok OR NOT charge_ok OR mismatch = 1 ORDER BY order_id LIMIT 3")]
+    return out
+
+
+def story(db: sqlite3.Connection, order_id: int) -> dict[str, Any]:
+    """What happened to one offending order: its fence, each of its jobs' ends, its provider calls (seconds
+    from the first), so a failed CI run can be read without the run's directory."""
+    fence = db.execute("SELECT state, epoch, owner, reference FROM fences WHERE order_id = ?", (order_id,)).fetchone()
+    jobs = [list(r) for r in db.execute(
+        """SELECT j.job_id, j.dup, j.doomed, a.outcome, d.reason, substr(d.error, 1, 300),
+                  (SELECT group_concat(f.reason || ': ' || substr(f.error, 1, 200), ' | ') FROM failed f
+                   WHERE f.job_id = j.job_id), q.job_id IS NOT NULL
+           FROM jobs j LEFT JOIN acked a ON a.job_id = j.job_id LEFT JOIN dead d ON d.job_id = j.job_id
+           LEFT JOIN queued q ON q.job_id = j.job_id WHERE j.order_id = ? ORDER BY j.job_id""", (order_id,))]
+    calls = [list(r) for r in db.execute(
+        """SELECT round(ts - (SELECT min(ts) FROM p.calls), 2), caller, fault, charged, idem_key FROM p.calls
+           WHERE order_id = ? ORDER BY ts""", (order_id,))]
+    return {"order": order_id, "fence [state, epoch, owner, reference]": list(fence) if fence else None,
+            "jobs [id, dup, doomed, acked, dead reason, dead error, failed rows, still queued]": jobs,
+            "calls [s, caller, fault, charged, key]": calls}
 
 
 # Without them each order's lookups scan the whole jobs table and charge log: 10,000 orders took minutes.

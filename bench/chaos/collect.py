@@ -22,7 +22,7 @@ from ringfence.redis.keys import Keys, split_entry
 
 CHUNK = 5000
 TABLES = """
-CREATE TABLE fences (order_id INTEGER PRIMARY KEY, state TEXT, reference TEXT, epoch INTEGER);
+CREATE TABLE fences (order_id INTEGER PRIMARY KEY, state TEXT, reference TEXT, epoch INTEGER, owner TEXT);
 CREATE TABLE orders (order_id INTEGER PRIMARY KEY, provider TEXT, charge_id TEXT);
 CREATE TABLE acked (job_id TEXT PRIMARY KEY, outcome TEXT);
 CREATE TABLE failed (job_id TEXT, reason TEXT, error TEXT);
@@ -57,9 +57,10 @@ def collect_database(ledger: sqlite3.Connection, engine: Engine) -> None:
     fences, failed = fence_table(md), failed_jobs_table(md, FAILED_JOBS_TABLE)
     with engine.connect() as c:
         stream = c.execution_options(yield_per=CHUNK)
-        rows = stream.execute(select(fences.c.subject, fences.c.state, fences.c.reference, fences.c.epoch)
+        rows = stream.execute(select(fences.c.subject, fences.c.state, fences.c.reference, fences.c.epoch,
+                                     fences.c.owner_job_id + ":" + fences.c.owner_token)
                               .where(fences.c.step == "charge"))
-        _copy(ledger, "fences", ((int(s.removeprefix("order:")), st, ref, ep) for s, st, ref, ep in rows), 4)
+        _copy(ledger, "fences", ((int(s.removeprefix("order:")), *rest) for s, *rest in rows), 5)
         _copy(ledger, "orders", stream.execute(select(orders.c.id, orders.c.provider, orders.c.charge_id)), 3)
         acks = select(done.c.job_id, done.c.outcome).order_by(done.c.outcome.desc())  # "charged" wins
         _copy(ledger, "acked", stream.execute(acks), 2)
