@@ -150,7 +150,8 @@ def samples(db: sqlite3.Connection, limit: int = 10) -> dict[str, list[Any]]:
         "unsettled": "SELECT order_id, state, charges FROM settled WHERE NOT ok",
         "local_mismatch": "SELECT order_id FROM settled WHERE mismatch = 1",
     }
-    out = {k: [list(r) for r in db.execute(f"{sql} ORDER BY order_id LIMIT {limit}")] for k, sql in q.items()}
+    out: dict[str, list[Any]] = {k: [list(r) for r in db.execute(f"{sql} ORDER BY order_id LIMIT {limit}")]
+                                 for k, sql in q.items()}
     out["stories"] = [story(db, order_id) for (order_id,) in db.execute(
         "SELECT order_id FROM settled WHERE NOT ok OR NOT charge_ok OR mismatch = 1 ORDER BY order_id LIMIT 3")]
     return out
