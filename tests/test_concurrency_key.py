@@ -150,12 +150,14 @@ def test_fetch_takes_keys_in_turn_and_parks_a_key_at_its_limit(make_app: Callabl
     r = b.sync
     assert r.zrange(pfx + "parked", 0, -1) == [b"account:a"]
     assert r.lrange(pfx + "ring", 0, -1) == []
-    assert sorted(r.zrange(pfx + "s:account:a", 0, -1)) == sorted([ids["a0"].encode(), ids["a1"].encode()])
+    # a slot's holder is the attempt: '<job id>:<lease token>'
+    assert sorted(r.zrange(pfx + "s:account:a", 0, -1)) == sorted([f"{ids['a0']}:t1".encode(),
+                                                                   f"{ids['a1']}:t2".encode()])
     assert r.llen(pfx + "q:account:a") == 4
     assert b.run(b.fetch("default", 10, deadline, "t3")) == []
     assert queue_info(b, "default")["pending"] == 4
 
-    assert b.run(b.release_key_slots("default", [("account:a", ids["a0"])])) == 1
+    assert b.run(b.release_key_slots("default", [("account:a", f"{ids['a0']}:t1")])) == 1
     assert r.zrange(pfx + "parked", 0, -1) == []
     assert r.lrange(pfx + "ring", 0, -1) == [b"account:a"]
     got = b.run(b.fetch("default", 10, deadline, "t4"))
@@ -163,10 +165,11 @@ def test_fetch_takes_keys_in_turn_and_parks_a_key_at_its_limit(make_app: Callabl
     assert r.zrange(pfx + "parked", 0, -1) == [b"account:a"]
 
     # a worker's next fetch carries the slots its ended jobs freed, and may take them in the same script
-    b.free_key_slot("default", "account:a", ids["a1"])
+    b.free_key_slot("default", "account:a", f"{ids['a1']}:t2")
     got, _ = b.run(b.fetch_marking("default", 10, deadline, "t5", "w1", b.clock() + 5_000))
     assert [names[j[0]] for j in got] == ["a3"]
-    assert sorted(r.zrange(pfx + "s:account:a", 0, -1)) == sorted([ids["a2"].encode(), ids["a3"].encode()])
+    assert sorted(r.zrange(pfx + "s:account:a", 0, -1)) == sorted([f"{ids['a2']}:t4".encode(),
+                                                                   f"{ids['a3']}:t5".encode()])
 
 
 def test_a_dead_workers_slot_ends_with_its_lease(make_app: Callable[..., App]) -> None:

@@ -69,7 +69,7 @@ def test_purge_empties_the_key_lists_and_the_ring(make_app: Callable[..., App]) 
     assert all(jobs.find_job(app, j) is None for j in [*a[1:], bs[1], c])
 
     # the keys work on: a slot freed, a new job of the key runs in its turn and the counter stays right
-    b.run(b.release_key_slots("default", [("account:a", a[0])]))
+    b.run(b.release_key_slots("default", [("account:a", f"{a[0]}:t1")]))
     late = task.enqueue(account="a", n=9)
     assert [j[0] for j in b.run(b.fetch("default", 4, deadline, "t3"))] == [late]
     assert int(rdb.hget(b.keys.queue("default").stats, "keyed_waiting") or 0) == 0

@@ -31,7 +31,7 @@ async def test_keyed_sync_jobs_run_without_a_task_and_hold_their_keys_slot_while
         with lock:
             running[account] += 1
             peak[account] = max(peak[account], running[account])
-        runs.append((box["w"].processor.running[ctx.id].task, ctx.id.encode() in slots(account)))
+        runs.append((box["w"].processor.running[ctx.id].task, f"{ctx.id}:{ctx.token}".encode() in slots(account)))
         time.sleep(0.05)
         with lock:
             running[account] -= 1

@@ -23,6 +23,12 @@ KEY_SLOT_WAIT_S = 0.05  # a freed concurrency-key slot waits this long for a fet
 log = logging.getLogger("ringfence.worker")
 
 
+def holder(job: Fetched) -> str:
+    """The holder of the job's slots: its attempt, not the job. A run whose lease lapsed (its worker stood still)
+    then frees and renews only its own slots, never those of the attempt that replaced it."""
+    return f"{job.id}:{job.token}"
+
+
 @dataclass(frozen=True)
 class Wait:
     delay_s: float
@@ -36,7 +42,7 @@ class Gates:
         self.settings = settings
         self.queue_limits = queue_limits  # app.limit_queue(...)
         self.breakers = breakers          # app.breaker(...) and every task's dependency
-        self.held: dict[str, list[tuple[str, str]]] = {}  # job id -> (kind, name) slots it holds
+        self.held: dict[str, list[tuple[str, str]]] = {}  # holder (``holder``) -> (kind, name) slots it holds
         self._flusher: asyncio.Task[None] | None = None
         self._queue_limited: dict[str, bool] = {}
         self._limits_seen = len(queue_limits)
@@ -72,7 +78,7 @@ class Gates:
         spec = job.spec
         key = spec.extra.get("ck") if spec is not None else None
         if type(key) is str and task.concurrency is None and task.dependency is None and not self._limited(job.queue):
-            self.held[job.id] = [(f"key:{job.queue}", key)]
+            self.held[holder(job)] = [(f"key:{job.queue}", key)]
             return True
         return False
 
@@ -81,18 +87,18 @@ class Gates:
         its concurrency key cannot be built from its payload."""
         if self.hold_key(job, task):
             return None
-        b = self.broker
+        b, who = self.broker, holder(job)
         until = b.clock() + int(self.settings.lease_s * 1000)
         taken: list[tuple[str, str]] = []
-        keyed = await self._key_slot(job, task, until)
+        keyed = await self._key_slot(job, task, who, until)
         if isinstance(keyed, Wait | Verdict):
             return keyed
         if keyed is not None:
             taken.append(keyed)
         for kind, name, limit in self.limits(job, task):
-            if not await b.arun(b.acquire_slot(kind, name, limit, job.id, until)):
+            if not await b.arun(b.acquire_slot(kind, name, limit, who, until)):
                 for k, n in taken:
-                    await b.release_slot(k, n, job.id)
+                    await b.release_slot(k, n, who)
                 return Wait(SLOT_RETRY_S * (0.5 + random.random()), "concurrency_delayed")
             taken.append((kind, name))
         if task.dependency is not None:
@@ -101,13 +107,14 @@ class Gates:
                 task.dependency, policy.rate_per_s or 0, int(policy.probe_timeout_s * 1000)))
             if not ok:
                 for k, n in taken:
-                    await b.release_slot(k, n, job.id)
+                    await b.release_slot(k, n, who)
                 return Wait(max(wait_ms, 50) / 1000, "rate_limited" if why == "rate_limited" else "breaker_delayed")
         if taken:
-            self.held[job.id] = taken
+            self.held[who] = taken
         return None
 
-    async def _key_slot(self, job: Fetched, task: Task, until: int) -> tuple[str, str] | Wait | Verdict | None:
+    async def _key_slot(self, job: Fetched, task: Task, who: str,
+                        until: int) -> tuple[str, str] | Wait | Verdict | None:
         """The slot of the job's concurrency key. fetch.lua took it for a job whose spec names its key (the only
         script that leases such jobs); a job of a keyed task without one (enqueued before the task had its key)
         has its key built here and its slot taken as a global limit's."""
@@ -122,22 +129,24 @@ class Gates:
             key = concurrency_key(task, spec.args if spec is not None else {})
         except PayloadError as exc:
             return Verdict(Outcome.DEAD, "bad_payload", str(exc))
-        if not await self.broker.arun(self.broker.acquire_slot(kind, key, task.concurrency_limit, job.id, until)):
+        if not await self.broker.arun(self.broker.acquire_slot(kind, key, task.concurrency_limit, who, until)):
             return Wait(SLOT_RETRY_S * (0.5 + random.random()), "concurrency_delayed")
         return kind, key
 
     async def release(self, job: Fetched) -> None:
-        for kind, name in self.held.pop(job.id, []):
+        who = holder(job)
+        for kind, name in self.held.pop(who, []):
             if kind.startswith("key:"):
-                self._free_key_slot(kind[4:], name, job.id)
+                self._free_key_slot(kind[4:], name, who)
             else:
-                await self.broker.release_slot(kind, name, job.id)
+                await self.broker.release_slot(kind, name, who)
 
     def release_key(self, job: Fetched) -> None:
         """``release`` of a job ``hold_key`` took: its key's slot, with no await."""
-        held = self.held.pop(job.id, None)
+        who = holder(job)
+        held = self.held.pop(who, None)
         if held is not None:
-            self.broker.free_key_slot(job.queue, held[0][1], job.id)
+            self.broker.free_key_slot(job.queue, held[0][1], who)
             if self._flusher is None or self._flusher.done():
                 self._flusher = asyncio.create_task(self._free_key_slots())
 
@@ -167,4 +176,4 @@ class Gates:
 
     def slots(self) -> list[tuple[str, str, str]]:
         """(kind, name, holder) of every slot held by a running job, for the heartbeat to renew."""
-        return [(kind, name, job_id) for job_id, held in self.held.items() for kind, name in held]
+        return [(kind, name, who) for who, held in self.held.items() for kind, name in held]

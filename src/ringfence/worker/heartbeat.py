@@ -92,9 +92,9 @@ def lease_book(broker: Broker) -> LeaseBook:
 class Slot(NamedTuple):
     """A global concurrency slot held by a running job (worker/gates.py)."""
 
-    kind: str  # "task" or "queue"
+    kind: str  # "task", "queue" or "key:<queue>"
     name: str
-    holder: str  # the job id
+    holder: str  # the attempt: '<job id>:<lease token>' (gates.holder)
 
 
 class LeaseHolder(Protocol):

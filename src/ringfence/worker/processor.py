@@ -19,7 +19,7 @@ from ringfence.tasks import Task
 from ringfence.worker.admit import Admission, Admitted, Asks
 from ringfence.worker.calls import SyncRun, SyncRunner
 from ringfence.worker.fetcher import Fetcher
-from ringfence.worker.gates import Gates
+from ringfence.worker.gates import Gates, holder
 from ringfence.worker.heartbeat import Lease, Slot
 from ringfence.worker.observers import Observers
 from ringfence.worker.outcomes import Outcome, Verdict
@@ -136,7 +136,7 @@ class Processor:
         if self.runner.start_sync(r, a, self._returned):
             return True
         if keyed:
-            self.gates.held.pop(r.job.id, None)  # ``_execute`` takes it again
+            self.gates.held.pop(holder(r.job), None)  # ``_execute`` takes it again
         return False
 
     def _returned(self, run: SyncRun) -> None:

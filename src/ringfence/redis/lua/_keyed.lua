@@ -7,7 +7,9 @@
 --                          moves a key back to the ring, and the ms (its earliest slot's end) frees a dead worker's
 --   pfx..'limit'     hash  key -> its limit (from the latest job's spec)
 --   pfx..'q:'..key   list  the key's jobs waiting: pending entries as in pending (LPUSH, RPOP)
---   pfx..'s:'..key   zset  slots: holder (job id) -> slot lease end ms (extend_slots.lua renews them)
+--   pfx..'s:'..key   zset  slots: holder -> slot lease end ms (extend_slots.lua renews them). The holder is the
+--                          attempt, '<job id>:<lease token>': a run whose lease lapsed frees or renews its own
+--                          slot, never the one of the attempt that replaced it
 -- A key whose list is not empty is in exactly one of ring and parked. Once a queue holds keyed jobs, jobs without
 -- a key go to key '' (no limit): they take their turn as one key.
 
@@ -67,12 +69,12 @@ local function free_slots(pfx, args, first)
 end
 
 -- Lease up to want jobs taking the ring's keys in turn (lease(entry) leases one and returns its id, or nil); a
--- leased job's slot lasts until slot_until. Keys come off the ring as many at once as jobs are wanted, one job
+-- leased job's slot, held by '<id>:<token>' (token: the fetch's lease token), lasts until slot_until. Keys come off the ring as many at once as jobs are wanted, one job
 -- each; only once the ring is empty (every key whose jobs may run is in hand) do they get more turns in the same
 -- call. A key's jobs come off its list in one RPOP, its slots go in one ZADD: a lone key with a backlog fills a
 -- call in a few commands, not a few per job. A key at its limit is parked until its earliest slot ends or a
 -- release brings it back.
-local function take_turns(pfx, stats, want, now, slot_until, lease)
+local function take_turns(pfx, stats, want, now, slot_until, token, lease)
   local ring, parked = pfx .. 'ring', pfx .. 'parked'
   local due = redis.call('ZRANGEBYSCORE', parked, '-inf', now, 'LIMIT', 0, 100)
   if #due > 0 then
@@ -135,7 +137,7 @@ local function take_turns(pfx, stats, want, now, slot_until, lease)
       local id = turn <= k.n and lease(k.entries[turn])
       if id and k.slots then
         k.slotted[#k.slotted + 1] = slot_until
-        k.slotted[#k.slotted + 1] = id
+        k.slotted[#k.slotted + 1] = id .. ':' .. token
       end
     end
   end

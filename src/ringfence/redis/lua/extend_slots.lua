@@ -1,6 +1,6 @@
 #!lua flags=allow-oom
 -- extend_slots: renew the slots of a global concurrency limit held by this worker's running jobs (heartbeat).
--- KEYS[1] holders  zset  holder (job id) -> slot lease end ms
+-- KEYS[1] holders  zset  holder ('<job id>:<lease token>': one attempt) -> slot lease end ms
 -- ARGV pairs: holder, new slot lease end ms
 -- Returns: how many slots were renewed (a slot that ended meanwhile is not taken again).
 local n = 0

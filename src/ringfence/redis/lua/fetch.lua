@@ -19,8 +19,8 @@
 -- ARGV[5] idle mark until ms (with ARGV[4])
 -- ARGV[6] now ms (with ARGV[4]): marks of workers that died asleep end before it, slots of keys end before it
 -- KEYS[9] idle_lease hash worker -> lease ms (with ARGV[4]): enqueue_ready.lua leases pushed jobs for that long
--- ARGV[7..] (with ARGV[4]) pairs key, job id: slots of concurrency keys whose jobs this worker ended, freed
---           first (as release_key_slots.lua frees them), so this fetch may take them
+-- ARGV[7..] (with ARGV[4]) pairs key, holder ('<job id>:<lease token>'): slots of concurrency keys whose jobs
+--           this worker ended, freed first (as release_key_slots.lua frees them), so this fetch may take them
 -- KEYS[10] prefix of the queue's concurrency-key keys (lua/_keyed.lua): a job whose spec names a key goes to
 --          its key's list, and jobs are then leased from the keys in turn, within each key's limit
 -- A pending entry is an id, whose spec is in jobs, or '<id><spec>' (a spec starts with '{', an id never holds
@@ -128,7 +128,7 @@ if keyed then
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
-  take_turns(pfx, KEYS[7], max - #out / 3, now, ARGV[1], lease)
+  take_turns(pfx, KEYS[7], max - #out / 3, now, ARGV[1], ARGV[3], lease)
   empty = empty and redis.call('LLEN', pfx .. 'ring') == 0
 end
 if duplicates > 0 then redis.call('HINCRBY', KEYS[7], 'duplicates', duplicates) end
