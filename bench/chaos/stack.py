@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,16 @@ class WorkerProc:
     started: float = field(default_factory=time.monotonic)
     killed: bool = False          # SIGKILLed by the driver
     termed_at: float | None = None  # SIGTERM sent by the driver (monotonic)
+    exited_at: float | None = None  # when the process ended (monotonic), read by its own thread
+
+    def __post_init__(self) -> None:
+        # The driver's loop can be held for seconds (a failover waits for the promotion): an exit is timed
+        # when it happens, not when the loop next looks.
+        threading.Thread(target=self._reap, name=f"reap-{self.pid}", daemon=True).start()
+
+    def _reap(self) -> None:
+        self.popen.wait()
+        self.exited_at = time.monotonic()
 
     @property
     def pid(self) -> int:

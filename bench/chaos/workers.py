@@ -97,7 +97,10 @@ class Workers:
                     w.killed = True
                 continue
             if w.termed_at is not None:
-                self.exits.term_seconds.append(now - w.termed_at)
+                ended = w.exited_at if w.exited_at is not None else now  # the reaper sets it right after the code
+                self.exits.term_seconds.append(ended - w.termed_at)
+                if ended - w.termed_at > self.term_bound_s:
+                    self.exits.hung += 1
             elif code == -signal.SIGKILL and not w.killed:
                 self.exits.self_killed += 1
                 self.ends.append(("self_killed", w.pid, time.time()))
