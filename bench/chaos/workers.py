@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from bench.chaos.stack import FAKETIME_LIB, Stack, WorkerProc, python_env
 
+SKEW_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "skewsite")
+
 
 @dataclass
 class Exits:
@@ -46,7 +48,10 @@ class Workers:
                        FAKETIME_NO_CACHE="1")
         argv = [sys.executable, "-m", "ringfence.cli", "--log-level", "WARNING", "worker",
                 "--app", "bench.chaos.app:app", "--queues", "chaos", "--concurrency", str(self.concurrency)]
-        proc = WorkerProc(slot, self.tag(slot), self.stack.spawn(argv, python_env(**env), f"worker-{slot}.log"))
+        full = python_env(**env)
+        if slot == 0 and self.skew_s is not None:  # time.sleep fails under libfaketime: skewsite/sitecustomize.py
+            full["PYTHONPATH"] = f"{SKEW_SITE}{os.pathsep}{full['PYTHONPATH']}"
+        proc = WorkerProc(slot, self.tag(slot), self.stack.spawn(argv, full, f"worker-{slot}.log"))
         return proc
 
     def start(self) -> None:
