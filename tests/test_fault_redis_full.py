@@ -160,6 +160,7 @@ async def test_scripts_run_on_the_embedded_redis_6_2_without_shebang_and_without
         assert b.job_state("q", j4) == "pending" and b.job_spec("q", j5) == spec  # inline, read on 6.2
         assert b.run(b.cancel("q", j4, None, b.inline_entry("q", j4))) == "pending"
         assert [j[0] for j in await b.arun(b.fetch("q", 5, now + 2000, "tok"))] == [j5]
+        assert await b.arun(b.hand_back_fetch("q", [("tok", now + 2000)])) == [j5]
         assert b._shebang is False
     finally:
         await b.aclose()
@@ -179,7 +180,8 @@ def test_every_script_declares_keys_of_one_slot() -> None:
         b.cron("q", "p", [(1, "j", b"{}")]), b.fetch("q", 1, 2, "t"),
         b.extend("q", [("j", "t", 2)]), b.ack("q", [("j", "t")]), b.ack_lost("q", "w", [("j", "t", b"{}", 1)]),
         b.retry("q", "j", "t", 2, {}),
-        b.requeue("q", "j", "t", 2, "c"), b.hand_back_lost("q", "w", ["w.pj.1"]), b.dead("q", "j", "t", {}, {}),
+        b.requeue("q", "j", "t", 2, "c"), b.hand_back_lost("q", "w", ["w.pj.1"]),
+        b.hand_back_fetch("q", [("t", 2)]), b.dead("q", "j", "t", {}, {}),
         b.recover("q"), b.promote("q"),
         b.replay("q", ["j"]), b.delete_dead("q", ["j"]), b.breaker_allow("d", 1, 1),
         b.breaker_record("d", True, 1, 1, 1, "f"), b.acquire_slot("task", "t", 1, "j", 2),

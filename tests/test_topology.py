@@ -346,6 +346,10 @@ async def test_broker_transitions_and_wake_ups(url: str) -> None:
         assert attempt == 2 and await b.arun(b.dead("q", "j2", "t2", {"error": "y"}, {"reason": "failed"}))
         assert b.dead_ids("q") == ["j2"] and b.run(b.replay("q", ["j2"])) == ["j2"]
         assert b.queue_counts("q")["pending"] == 1
+        deadline = b.clock() + 5000
+        [(lost, _, _)] = await b.arun(b.fetch("q", 1, deadline, "lost"))  # its reply lost: given back
+        assert await b.arun(b.hand_back_fetch("q", [("lost", deadline)])) == [lost]
+        assert b.queue_counts("q")["pending"] == 1
         await b.heartbeat_server("s1", {"id": "s1", "queues": {"q": 1}}, 5)
         assert [s["id"] for s in b.servers()] == ["s1"] and b.queues() == ["q"]
         await b.unregister_server("s1")

@@ -18,6 +18,7 @@ from ringfence.worker.partitions import LEFTOVER_EVERY_S, FetchOrder
 log = logging.getLogger("ringfence.worker")
 
 DOWN_S = 0.5  # a queue whose Redis node did not answer is left out of fetches this long (the others go on)
+HAND_BACK_EVERY_S = 0.5  # how often the jobs of fetches whose reply was lost are given back (``_lose``)
 
 
 class Stopping(asyncio.Event):
@@ -51,6 +52,8 @@ class Fetcher:
         self._starving: list[str] = []
         self._starving_at = 0.0
         self.down: dict[str, float] = {}  # queue -> monotonic time until which its fetch is skipped
+        self.lost_fetches: dict[str, dict[str, int]] = {}  # queue -> {token: lease deadline ms}, fetches with no reply
+        self._handing_back: asyncio.Task[None] | None = None
 
     async def cycle(self, free: int, start: Callable[[Fetched], None]) -> None:
         """Fetch up to ``free`` jobs and ``start`` each; once every queue was found empty, wait idle until woken.
@@ -93,6 +96,52 @@ class Fetcher:
             else:
                 await self.waker.hand_back(job)
         await asyncio.sleep(0)  # the started jobs reach their handlers before the next fetch
+
+    def _lose(self, queue: str, token: str, deadline_ms: int) -> None:
+        """A fetch failed without a reply (a timeout, a dropped connection): it may have leased jobs, and a Redis
+        that stood still may still run it from its input buffer, up to the end of the lease it would give. Its jobs
+        are given back every ``HAND_BACK_EVERY_S`` until then, by a task of its own, so they neither wait out their
+        lease nor depend on this worker fetching again (its slots may be full by then). A fetch that answered costs
+        nothing."""
+        self.lost_fetches.setdefault(queue, {})[token] = deadline_ms
+        if self._handing_back is None or self._handing_back.done():
+            self._handing_back = asyncio.get_running_loop().create_task(self._hand_back_until_over())
+
+    async def _hand_back_until_over(self) -> None:
+        while self.lost_fetches:
+            await asyncio.sleep(HAND_BACK_EVERY_S)  # not at once: the Redis that did not answer seldom does now
+            await self.hand_back_lost_fetches()
+
+    async def hand_back_lost_fetches(self) -> None:
+        """Give back what the fetches without a reply leased (hand_back_fetch.lua); one whose lease has ended is
+        forgotten (the recoverer has its jobs). A queue whose Redis does not answer is tried again next time."""
+        now = self.broker.clock()
+        for queue, tokens in list(self.lost_fetches.items()):
+            for token, deadline in list(tokens.items()):
+                if deadline <= now:
+                    del tokens[token]
+            if not tokens:
+                self.lost_fetches.pop(queue, None)
+                continue
+            try:
+                ids = await self.broker.arun(self.broker.hand_back_fetch(queue, tokens.items()))
+            except UNAVAILABLE:
+                continue
+            except Exception as exc:  # refused (an ACL, say): it would be again; the leases run out instead
+                log.warning("queue %s: the jobs of fetches whose reply was lost could not be given back (%s: %s); "
+                            "they return when their lease ends", queue, type(exc).__name__, exc)
+                self.lost_fetches.pop(queue, None)
+                continue
+            if ids:
+                log.info("queue %s: %d job(s) leased by a fetch whose reply was lost given back: %s", queue,
+                         len(ids), " ".join(ids[:10]))
+
+    async def close(self) -> None:
+        """At shutdown: the jobs of fetches without a reply are given back once more, if Redis answers."""
+        if self._handing_back is not None:
+            self._handing_back.cancel()
+        if self.lost_fetches:
+            await self.hand_back_lost_fetches()
 
     async def until(self, aw: Awaitable[Any]) -> None:
         """Await ``aw`` unless the worker is asked to stop first."""
@@ -143,10 +192,11 @@ class Fetcher:
             try:
                 got, empty = await self.broker.arun(self.broker.fetch_marking(
                     queue, free, now + self.lease_ms, token, self.server_id, until))
-            except UNAVAILABLE as exc:  # one node down (Cluster): the queues of the others are still served
-                if not self.broker.cluster:
+            except BaseException as exc:
+                self._lose(queue, token, now + self.lease_ms)
+                if not isinstance(exc, UNAVAILABLE) or not self.broker.cluster:
                     raise
-                self._left_out(queue, exc)
+                self._left_out(queue, exc)  # one node down (Cluster): the queues of the others are still served
                 failed.append(exc)
                 continue
             if self.down.pop(queue, None) is not None:

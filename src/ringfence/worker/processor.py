@@ -309,4 +309,5 @@ class Processor:
             await asyncio.wait(cancelled, timeout=5)
         await self.acks.stop(self.fetcher.lease_ms / 1000)
         await self.fetcher.waker.close()
+        await self.fetcher.close()
         self.pool.close()
