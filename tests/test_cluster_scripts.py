@@ -5,7 +5,6 @@ runs, and the other masters are left alone. Sync (``Broker.run``) and asyncio (`
 from __future__ import annotations
 
 import asyncio
-import uuid
 from pathlib import Path
 
 import pytest
@@ -13,20 +12,15 @@ import redis
 
 from ringfence import App
 from ringfence.redis.scripts import script
-from topology import HAVE_REDIS, Cluster, queue_per_master
+from topology import HAVE_REDIS, Cluster, queue_per_master, still_cluster
 
 pytestmark = [pytest.mark.topology,
               pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server and redis-cli")]
 
 
 def test_noscript_loads_the_script_on_the_node_that_answered(tmp_path: Path) -> None:
-    cluster = Cluster(tmp_path, node_timeout_ms=60_000)  # no replica, no failover meanwhile
-    app = App(cluster.url, f"scr{uuid.uuid4().hex[:6]}")
-    try:
+    with still_cluster(tmp_path, "scr") as (cluster, app):
         asyncio.run(_scenario(app, cluster))
-    finally:
-        app.close()
-        cluster.stop()
 
 
 async def _scenario(app: App, cluster: Cluster) -> None:

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 import redis
 
-from ringfence import App, RingfenceError
+from ringfence import RingfenceError
 from ringfence.redis.node_gate import DOWN_S
-from topology import HAVE_REDIS, Cluster, queue_per_master
+from topology import HAVE_REDIS, queue_per_master, slot_map_reads, still_cluster
 
 pytestmark = [pytest.mark.topology,
               pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server and redis-cli")]
@@ -24,18 +23,8 @@ def _stamp(ctx: object, n: int) -> None:
     pass
 
 
-def _slot_map_reads(clients: list[redis.Redis]) -> int:
-    total = 0
-    for c in clients:
-        stats = c.info("commandstats")
-        total += sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_cluster|slots", "cmdstat_cluster"))
-    return total
-
-
 def test_a_sync_producer_is_not_held_up_by_a_dead_master(tmp_path: Path) -> None:
-    cluster = Cluster(tmp_path, node_timeout_ms=60_000)  # no replica, no failover meanwhile
-    app = App(cluster.url, f"sgate{uuid.uuid4().hex[:6]}")
-    try:
+    with still_cluster(tmp_path, "sgate") as (cluster, app):
         task = app.task(name="stamp")(_stamp)
         owner = queue_per_master(app.broker)
         home = app.broker.sync.get_node_from_key(app.broker.keys.queues).name  # type: ignore[attr-defined]
@@ -45,7 +34,7 @@ def test_a_sync_producer_is_not_held_up_by_a_dead_master(tmp_path: Path) -> None
             task.with_options(queue=q).enqueue(n=0)
         cluster.kill(int(dead.rsplit(":", 1)[1]))
         live_clients = [redis.Redis(port=int(m.rsplit(":", 1)[1])) for m in live]
-        before = _slot_map_reads(live_clients)
+        before = slot_map_reads(live_clients)
         errors: list[Exception] = []
         healthy: list[float] = []
         stop = threading.Event()
@@ -71,7 +60,7 @@ def test_a_sync_producer_is_not_held_up_by_a_dead_master(tmp_path: Path) -> None
         finally:
             stop.set()
             other.join()
-        reloads = _slot_map_reads(live_clients) - before
+        reloads = slot_map_reads(live_clients) - before
         assert errors and all(isinstance(e, RingfenceError) for e in errors), {type(e) for e in errors}
         assert str(errors[-1]).startswith("enqueue: "), errors[-1]
         # Measured here (load 18): 339 failed calls, 312 healthy enqueues, 8 reloads, healthy p99 24 ms (before: 23
@@ -79,6 +68,3 @@ def test_a_sync_producer_is_not_held_up_by_a_dead_master(tmp_path: Path) -> None
         assert len(errors) >= 20 and reloads <= len(errors) // 4, (len(errors), len(healthy), reloads)
         healthy.sort()
         assert len(healthy) >= 40 and healthy[int(len(healthy) * 0.99)] < 0.1, (len(healthy), healthy[-5:])
-    finally:
-        app.close()
-        cluster.stop()

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import shutil
 import signal
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -25,9 +29,33 @@ __all__ = [
     "owner_of",
     "queue_per_master",
     "silence_a_master",
+    "slot_map_reads",
+    "still_cluster",
 ]
 
 HAVE_REDIS = shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None
+
+
+@contextmanager
+def still_cluster(tmp_path: Path, prefix: str) -> Iterator[tuple[Cluster, App]]:
+    """3 masters, no replica, a node timeout longer than any test (no failover meanwhile), and an App on them in a
+    namespace of its own."""
+    cluster = Cluster(tmp_path, node_timeout_ms=60_000)
+    app = App(cluster.url, f"{prefix}{uuid.uuid4().hex[:6]}")
+    try:
+        yield cluster, app
+    finally:
+        app.close()
+        cluster.stop()
+
+
+def slot_map_reads(clients: list[redis.Redis]) -> int:
+    """How many times the nodes were asked for the slot map (redis-py's cluster client reloading it)."""
+    total = 0
+    for c in clients:
+        stats = c.info("commandstats")
+        total += sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_cluster|slots", "cmdstat_cluster"))
+    return total
 
 
 def node_ids(ports: list[int]) -> dict[int, str]:
