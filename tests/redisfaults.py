@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,9 @@ def runs(directory: Path, kind: str = "started") -> Counter[str]:
 class HalfOpenProxy:
     """A TCP proxy to Redis. ``freeze()`` makes every connection open at that moment half-open: bytes are
     dropped both ways, nothing is closed, so a client waits for an answer that never comes (a NAT or firewall
-    that forgot the connection). Connections opened later pass normally."""
+    that forgot the connection). Connections opened later pass normally. ``drop_reply_with(marker)``: the next
+    bytes from Redis that contain ``marker`` are dropped and their connection closed (Redis ran the command, its
+    client reads no reply)."""
 
     def __init__(self, target_port: int) -> None:
         self.target = ("127.0.0.1", target_port)
@@ -61,6 +64,8 @@ class HalfOpenProxy:
         self.port = self.listener.getsockname()[1]
         self.pairs: list[dict[str, Any]] = []
         self.closed = False
+        self.marker: bytes | None = None
+        self.dropped_at: float | None = None  # time.time() of the dropped reply
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -79,10 +84,17 @@ class HalfOpenProxy:
             threading.Thread(target=self._pump, args=(client, server, pair), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, pair), daemon=True).start()
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket, pair: dict[str, Any]) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, pair: dict[str, Any]) -> None:
+        replies = src is pair["socks"][1]
         try:
             while data := src.recv(65536):
+                marker = self.marker
+                if replies and marker is not None and marker in data:
+                    self.marker, self.dropped_at = None, time.time()
+                    for s in pair["socks"]:  # close() alone sends no FIN while the other pump waits in recv
+                        with contextlib.suppress(OSError):
+                            s.shutdown(socket.SHUT_RDWR)
+                    break
                 if not pair["frozen"]:
                     dst.sendall(data)
         except OSError:
@@ -90,6 +102,9 @@ class HalfOpenProxy:
         for s in pair["socks"]:
             with contextlib.suppress(OSError):
                 s.close()
+
+    def drop_reply_with(self, marker: bytes) -> None:
+        self.marker = marker
 
     def freeze(self) -> int:
         """Black-hole every open connection; returns how many."""

@@ -3,9 +3,13 @@ gave up on it: a Redis that stood still runs it from its input buffer later. Nob
 gives them back (hand_back_fetch.lua) until the lease they got would have ended, their attempt not counted.
 
 - the script, on the shared Redis: it gives back exactly the lost fetch's jobs (another fetch's with the same
-  deadline stay leased), frees a concurrency key's slot, and the jobs are fetched again as attempt 1;
+  deadline stay leased, and so do those of the same fetch the worker holds), frees a concurrency key's slot, and
+  the jobs are fetched again as attempt 1;
 - a real worker, a private redis-server blocked by ``DEBUG SLEEP`` with the worker's fetch in its input buffer: the
-  job that fetch leased after the sleep runs at once as attempt 1, not after its lease as attempt 2.
+  job that fetch leased after the sleep runs at once as attempt 1, not after its lease as attempt 2;
+- a real worker whose fetch's reply a proxy drops, closing the connection: the client sends the fetch again and
+  reads the second reply (it leased nothing: the first run took the job); the job runs at once as attempt 1;
+- the plain asyncio client, by redis-py's path and by raw_calls.py's, counts such a resend in its Task.
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ from typing import Any
 
 import redis
 
-from redisfaults import FaultWorker
+from redisfaults import FaultWorker, HalfOpenProxy
 from ringfence import App
+from ringfence.redis.connection import ConnectionSettings, async_client, resent
 from ringfence.redis.embedded import EmbeddedRedis
+from ringfence.redis.raw_calls import AsyncDirectCalls
 from support import wait_until
 
 
@@ -41,10 +47,14 @@ def test_the_jobs_of_a_lost_fetch_go_back_unrun_and_uncounted(make_app: Callable
     assert sorted(b.run(b.hand_back_fetch("default", [("lost", deadline)]))) == sorted(lost)
     for job in lost:
         assert r.hget(k.lease, job) is None and r.zscore(k.active, job) is None and r.hget(k.attempts, job) is None
-    assert {m for a in "abc" for m in r.zrange(pfx + f"s:account:{a}", 0, -1)} == {other[0].encode()}
+    assert {m for a in "abc" for m in r.zrange(pfx + f"s:account:{a}", 0, -1)} == {f"{other[0]}:other".encode()}
     assert r.hget(k.lease, other[0]) == b"other" and r.zscore(k.active, other[0]) == deadline
     assert r.hget(k.stats, "handed_back") == b"2" and r.hget(k.stats, "orphaned") is None
     assert b.run(b.hand_back_fetch("default", [("lost", deadline)])) == []  # given back once
+    twice = [j[0] for j in b.run(b.fetch("default", 2, deadline, "twice"))]  # sent twice: the worker holds one
+    assert b.run(b.hand_back_fetch("default", [("twice", deadline)], twice[:1])) == twice[1:]
+    assert r.hget(k.lease, twice[0]) == b"twice"
+    b.run(b.hand_back_fetch("default", [("twice", deadline)]))
     again = b.run(b.fetch("default", 5, b.clock() + 60_000, "next"))  # their keys' slots were freed: no key parked
     assert sorted((job, attempt) for job, _, attempt in again) == sorted((job, 1) for job in lost)
     assert r.zrange(pfx + "parked", 0, -1) == []
@@ -91,3 +101,62 @@ def test_a_job_leased_by_a_fetch_whose_reply_was_lost_runs_at_once(private_redis
     assert stats.get(b"handed_back") == b"1", (stats, lines)  # a lost fetch leased it (else inconclusive)
     assert b"orphaned" not in stats and stats[b"processed"] == b"1"
     assert any("whose reply was lost given back" in line for line in lines), lines
+
+
+def test_the_jobs_of_a_fetch_sent_twice_run_at_once(private_redis: EmbeddedRedis, tmp_path: Path) -> None:
+    """A worker behind a proxy that drops the reply of the fetch leasing the job and closes that connection
+    (Redis ran it): the client sends the fetch again on a new connection, which answers (the job is gone from
+    pending). The job runs within 3 s of the drop, as attempt 1, once (else: at the end of its 10 s lease, as
+    attempt 2)."""
+    ns = "sentfetch"
+    app = App(private_redis.url, ns, environment="test")
+    task = app.task(name="faultapp.slow_a", queue="a")(_slow)
+    k = app.broker.keys.queue("a")
+    r = redis.Redis.from_url(private_redis.url)
+    proxy = HalfOpenProxy(private_redis.port)
+    worker = FaultWorker(proxy.url, ns, tmp_path, "a", name="w",
+                         env={"FAULT_LEASE_S": "10", "FAULT_HEARTBEAT_S": "0.5"})  # fetches every 0.5 s idle
+    try:
+        wait_until(lambda: r.zcard(k.idle) > 0, 20)
+        app.broker.set_paused("a", True)  # the job waits in pending: no wake message leases it
+        job = task.enqueue(seconds=0.1)
+        time.sleep(1.0)
+        assert r.hget(k.lease, job) is None and r.llen(k.pending) == 1
+        proxy.drop_reply_with(job.encode())
+        r.delete(k.paused)  # the next idle fetch leases it
+        wait_until(lambda: r.hget(k.stats, "processed") == b"1", 20)
+        stats = r.hgetall(k.stats)
+        lines = worker.lines()
+    finally:
+        worker.stop()
+        proxy.close()
+        app.close()
+    assert proxy.dropped_at is not None
+    runs = sorted((int(p.name.split(".")[1]), float(p.read_text())) for p in tmp_path.glob(f"{job}.*.started"))
+    assert len(runs) == 1, runs
+    attempt, started = runs[0]
+    assert attempt == 1 and started - proxy.dropped_at < 3.0, (attempt, started - proxy.dropped_at, lines)
+    assert stats.get(b"handed_back") == b"1", (stats, lines)
+    assert b"orphaned" not in stats and stats[b"processed"] == b"1"
+    assert any("whose reply was lost given back" in line for line in lines), lines
+    print(f"started {started - proxy.dropped_at:.3f}s after the dropped reply")
+
+
+async def test_the_plain_client_counts_its_resends(private_redis: EmbeddedRedis) -> None:
+    proxy = HalfOpenProxy(private_redis.port)
+    client = async_client(proxy.url, ConnectionSettings())
+    direct = AsyncDirectCalls(client)
+    try:
+        before = resent()
+        proxy.drop_reply_with(b"first")
+        assert await client.echo("first") == b"first"  # redis-py's path: Retry, its backoff asked once
+        assert resent() == before + 1
+        proxy.drop_reply_with(b"second")
+        assert await direct.call("ECHO", "second") == b"second"
+        assert resent() == before + 2
+        assert await client.echo("third") == b"third" and await direct.call("ECHO", "fourth") == b"fourth"
+        assert resent() == before + 2  # answered at the first try
+    finally:
+        await direct.close()
+        await client.aclose()
+        proxy.close()

@@ -452,13 +452,15 @@ class Broker(Reads, Admin):
         return Call("hand_back_lost", [k.active, k.lease, k.attempts, k.pending, k.stats, k.idle],
                     [f"{worker}.p", self.clock(), k.wake, *held], as_texts)
 
-    def hand_back_fetch(self, queue: str, lost: Iterable[tuple[str, int]]) -> Call[list[str]]:
+    def hand_back_fetch(self, queue: str, lost: Iterable[tuple[str, int]], held: Iterable[str] = ()
+                        ) -> Call[list[str]]:
         """Give back the jobs leased by fetches whose reply was lost, (token, lease deadline ms) each, their attempt
-        not counted (hand_back_fetch.lua). Parses to the ids handed back."""
+        not counted, but for the ids in ``held`` (hand_back_fetch.lua). Parses to the ids handed back."""
         k = self.keys.queue(queue)
+        pairs = [x for token, deadline in lost for x in (deadline, token)]
         return Call("hand_back_fetch", [k.active, k.lease, k.attempts, k.pending, k.jobs, k.stats, k.idle,
                                         self.keys.keyed(queue)],
-                    [self.clock(), k.wake, *(x for token, deadline in lost for x in (deadline, token))], as_texts)
+                    [self.clock(), k.wake, len(pairs) // 2, *pairs, *held], as_texts)
 
     def dead(self, queue: str, job_id: str, token: str, entry: dict[str, Any],
              fields: dict[str, Any], durable: bool = False, step: tuple[list[str], list[Any]] | None = None

@@ -12,6 +12,7 @@ factories (``RedisClients``).
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import logging
 import time
@@ -45,6 +46,40 @@ UNAVAILABLE: tuple[type[Exception], ...] = (redis.ConnectionError, redis.Timeout
 RESHARDING: tuple[type[Exception], ...] = (ClusterError, MovedError, AskError, TryAgainError)
 #: Redis answered, with an error (a refused write, a script error).
 REFUSED: tuple[type[Exception], ...] = (redis.ResponseError, RedisFull)
+
+# Commands the asyncio clients made here sent again by themselves, in the current Task (a ContextVar: a call
+# awaited in the Task counts in it, another Task's do not). A script whose reply was lost may have run before
+# the answered resend (the worker's fetch: ``Fetcher.fetch``).
+_resent: contextvars.ContextVar[int] = contextvars.ContextVar("ringfence_resent", default=0)
+
+
+def resent() -> int:
+    """How many commands the current Task's asyncio client calls sent again (after a connection error or a
+    timeout); compare two reads around a call to learn whether its command may have run twice."""
+    return _resent.get()
+
+
+def note_resend() -> None:
+    _resent.set(_resent.get() + 1)
+
+
+class _CountedNoBackoff(NoBackoff):
+    """No backoff; counts each resend (redis-py's ``Retry`` asks its backoff only before trying again)."""
+
+    def compute(self, failures: int) -> float:
+        note_resend()
+        return 0
+
+
+class _CountedRetryErrors(tuple):  # type: ignore[type-arg]
+    """The cluster client's ``ERRORS_ALLOW_RETRY``, counting each resend: its ``execute_command`` asks
+    ``type(e) in ERRORS_ALLOW_RETRY`` only when an attempt is left, right before sending the command again."""
+
+    def __contains__(self, kind: object) -> bool:
+        if tuple.__contains__(self, kind):
+            note_resend()
+            return True
+        return False
 
 
 @dataclass(frozen=True)
@@ -191,7 +226,10 @@ class _AsyncCluster(aiocluster.RedisCluster):
     replies, the wake subscriptions of healthy masters reconnected (losing the jobs leased in the messages sent
     meanwhile), and until the slot map was reloaded the scripts of healthy queues went to a random node, the dead
     one too (the node gate then held back the healthy master itself). Now such a close only has the slot map
-    reloaded before the next call, which is what it was for; ``aclose`` called from anywhere else closes."""
+    reloaded before the next call, which is what it was for; ``aclose`` called from anywhere else closes. Its
+    resends are counted (``resent``)."""
+
+    ERRORS_ALLOW_RETRY = _CountedRetryErrors(aiocluster.RedisCluster.ERRORS_ALLOW_RETRY)
 
     async def aclose(self) -> None:
         frame = inspect.currentframe()
@@ -210,7 +248,7 @@ def async_client(url: str, settings: ConnectionSettings) -> aioredis.Redis:
         nodes = [aiocluster.ClusterNode(h, p) for h, p in t.nodes]
         retry = AsyncRetry(ExponentialBackoff(cap=0.5, base=0.1), 1)
         return cast(aioredis.Redis, _AsyncCluster(startup_nodes=nodes, retry=retry, **opts))
-    aretry = AsyncRetry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
+    aretry = AsyncRetry(_CountedNoBackoff(), 1, supported_errors=(redis.ConnectionError,))
     if t.kind == "sentinel":
         sentinel = aiosentinel.Sentinel(  # type: ignore[no-untyped-call]
             list(t.nodes), sentinel_kwargs={**settings._options(), **dict(t.sentinel_options)})

@@ -26,6 +26,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
+from ringfence.redis.connection import note_resend
+
 
 def _load() -> tuple[Any, Any, str]:
     """hiredis, redis-py's (private) hiredis parser module, and what is missing from them ('' if nothing)."""
@@ -189,6 +191,7 @@ class AsyncDirectCalls:
                     await _disconnect(conn)  # the next call reconnects
                     if attempt:
                         raise
+                    note_resend()  # the command may have run: its caller can tell (connection.resent)
         except redis.ResponseError:
             raise  # an error reply: the connection is clean
         except BaseException:

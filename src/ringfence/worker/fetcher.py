@@ -11,7 +11,7 @@ from typing import Any
 
 from ringfence.models import Fetched
 from ringfence.redis.broker import Broker
-from ringfence.redis.connection import UNAVAILABLE
+from ringfence.redis.connection import UNAVAILABLE, resent
 from ringfence.redis.waker import Waker
 from ringfence.worker.partitions import LEFTOVER_EVERY_S, FetchOrder
 
@@ -52,7 +52,9 @@ class Fetcher:
         self._starving: list[str] = []
         self._starving_at = 0.0
         self.down: dict[str, float] = {}  # queue -> monotonic time until which its fetch is skipped
-        self.lost_fetches: dict[str, dict[str, int]] = {}  # queue -> {token: lease deadline ms}, fetches with no reply
+        # queue -> {token: (lease deadline ms, ids it gave that the worker holds)}: fetches with no reply, or sent
+        # twice by the client
+        self.lost_fetches: dict[str, dict[str, tuple[int, tuple[str, ...]]]] = {}
         self._handing_back: asyncio.Task[None] | None = None
 
     async def cycle(self, free: int, start: Callable[[Fetched], None]) -> None:
@@ -97,13 +99,14 @@ class Fetcher:
                 await self.waker.hand_back(job)
         await asyncio.sleep(0)  # the started jobs reach their handlers before the next fetch
 
-    def _lose(self, queue: str, token: str, deadline_ms: int) -> None:
-        """A fetch failed without a reply (a timeout, a dropped connection): it may have leased jobs, and a Redis
-        that stood still may still run it from its input buffer, up to the end of the lease it would give. Its jobs
-        are given back every ``HAND_BACK_EVERY_S`` until then, by a task of its own, so they neither wait out their
-        lease nor depend on this worker fetching again (its slots may be full by then). A fetch that answered costs
-        nothing."""
-        self.lost_fetches.setdefault(queue, {})[token] = deadline_ms
+    def _lose(self, queue: str, token: str, deadline_ms: int, held: tuple[str, ...] = ()) -> None:
+        """A fetch failed without a reply (a timeout, a dropped connection), or the client sent it again and read
+        the second reply only: it may have leased jobs nobody holds (all but ``held``), and a Redis that stood still
+        may still run it from its input buffer, up to the end of the lease it would give. Those jobs are given
+        back every ``HAND_BACK_EVERY_S`` until then, by a task of its own, so they neither wait out their lease nor
+        depend on this worker fetching again (its slots may be full by then). A fetch answered at the first try
+        costs no call (two reads of ``resent``)."""
+        self.lost_fetches.setdefault(queue, {})[token] = (deadline_ms, held)
         if self._handing_back is None or self._handing_back.done():
             self._handing_back = asyncio.get_running_loop().create_task(self._hand_back_until_over())
 
@@ -117,14 +120,16 @@ class Fetcher:
         forgotten (the recoverer has its jobs). A queue whose Redis does not answer is tried again next time."""
         now = self.broker.clock()
         for queue, tokens in list(self.lost_fetches.items()):
-            for token, deadline in list(tokens.items()):
+            for token, (deadline, _) in list(tokens.items()):
                 if deadline <= now:
                     del tokens[token]
             if not tokens:
                 self.lost_fetches.pop(queue, None)
                 continue
+            lost = [(token, deadline) for token, (deadline, _) in tokens.items()]
+            held = [job_id for _, kept in tokens.values() for job_id in kept]
             try:
-                ids = await self.broker.arun(self.broker.hand_back_fetch(queue, tokens.items()))
+                ids = await self.broker.arun(self.broker.hand_back_fetch(queue, lost, held))
             except UNAVAILABLE:
                 continue
             except Exception as exc:  # refused (an ACL, say): it would be again; the leases run out instead
@@ -189,6 +194,7 @@ class Fetcher:
                 continue
             self._seq += 1
             token = f"{self.server_id}.{self._seq}"
+            sent = resent()
             try:
                 got, empty = await self.broker.arun(self.broker.fetch_marking(
                     queue, free, now + self.lease_ms, token, self.server_id, until))
@@ -199,6 +205,8 @@ class Fetcher:
                 self._left_out(queue, exc)  # one node down (Cluster): the queues of the others are still served
                 failed.append(exc)
                 continue
+            if resent() != sent:  # the client sent the fetch again: the first run's jobs are nobody's
+                self._lose(queue, token, now + self.lease_ms, tuple(job_id for job_id, _, _ in got))
             if self.down.pop(queue, None) is not None:
                 log.warning("queue %s: its Redis node answers again; fetching from it", queue)
             self._order.fetched(queue, empty)
