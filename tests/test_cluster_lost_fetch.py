@@ -1,30 +1,39 @@
 """On a Redis Cluster, redis-py's cluster client sends a timed-out command once more by itself (ringfence's retry
 setting): a fetch that timed out while its node stood still, then answered on the resend, ran twice, and the jobs
-of its first run are nobody's. The worker learns of the resend (``connection.resent``) and gives them back at once
+of its first run are nobody's. The worker learns of the resend (``connection.resent``) and gives them back within 0.5 s
 (hand_back_fetch.lua), their attempt not counted."""
 
 from __future__ import annotations
 
+import inspect
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio.cluster as aiocluster
 
 from redisfaults import FaultWorker
 from ringfence import App
 from support import wait_until
 from topology import HAVE_REDIS, Cluster
 
-pytestmark = [pytest.mark.topology,
-              pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server and redis-cli")]
+
+def test_redis_py_still_asks_its_retry_errors_only_before_a_resend() -> None:
+    """What ``_CountedRetryErrors`` (redis/connection.py) counts on: the one test of ``ERRORS_ALLOW_RETRY`` in the
+    cluster client's ``execute_command``, made only while an attempt is left, the resend following."""
+    source = inspect.getsource(aiocluster.RedisCluster.execute_command)
+    assert source.count("ERRORS_ALLOW_RETRY") == 1
+    assert "retry_attempts > 0 and type(e) in self.__class__.ERRORS_ALLOW_RETRY" in source
 
 
 def _slow(ctx: object, seconds: float) -> None:
     """The producer's side of faultapp.py's slow_a."""
 
 
+@pytest.mark.topology
+@pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server and redis-cli")
 def test_a_job_leased_by_a_fetch_the_cluster_client_sent_twice_runs_at_once(tmp_path: Path) -> None:
     """The master of queue ``a`` blocked (``DEBUG SLEEP 1.7``) just as the queue is resumed, in the same write: an
     idle worker's fallback fetch (every 0.5 s) waits in that master's input buffer, times out after 1 s, and the
