@@ -14,6 +14,14 @@ round after round, so before and after meet the same load::
 
 ``--scripts BATCH`` measures no drain: Redis's own time in the fetch and ack scripts per job, ``--jobs`` plain jobs
 fetched and acked BATCH at a time by one caller.
+
+``--keyed LIMIT``: the jobs are of a task declared with ``concurrency_key="account:{account}"`` and
+``concurrency_limit=LIMIT``: all of one key but the last 500, 10 each of 50 other keys (``bench.fair_keys``'s mix);
+with ``--scripts``, each fetch carries the slots the previous batch freed, as a worker's does. With
+``DRAIN_CALLGRIND=1``, ``--scripts`` runs its redis-server under callgrind and counts its instructions per job over
+the fetches and acks together (no load moves that count)::
+
+    DRAIN_CALLGRIND=1 python -m bench.drain_cpu --scripts 10 --jobs 20000 --keyed 100
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ADAPTERS = os.path.join(ROOT, "bench", "peers", "adapters")
 APPS = {"sync": "peer_ringfence:sync_app", "async": "peer_ringfence:async_app",  # --handler → worker --app
         "noop": "bench.drain_cpu:noop_app", "anoop": "bench.drain_cpu:anoop_app"}
+KEYED_APPS = {"noop": "bench.drain_cpu:knoop_app", "anoop": "bench.drain_cpu:kanoop_app"}  # with --keyed
+KEY_LIMIT = int(os.environ.get("DRAIN_KEY_LIMIT", "100"))
 
 
 # No-op handlers under the peer job's name (the peer producer enqueues them): the cost of the pipeline alone.
@@ -51,6 +61,37 @@ def noop(ctx: JobContext, sent: float = 0.0, sleep: float = 0.0) -> None:
 @anoop_app.task(name="peers.job", queue="peers")
 async def anoop(ctx: JobContext, sent: float = 0.0, sleep: float = 0.0) -> None:
     pass
+
+
+# The same no-ops declared with a concurrency key (``--keyed``).
+knoop_app = App(os.environ.get("PEERS_BROKER_URL"))
+kanoop_app = App(os.environ.get("PEERS_BROKER_URL"))
+KEYED = {"concurrency_key": "account:{account}", "concurrency_limit": KEY_LIMIT}
+
+
+@knoop_app.task(name="peers.job", queue="peers", **KEYED)
+def knoop(ctx: JobContext, account: str = "", n: int = 0) -> None:
+    pass
+
+
+@kanoop_app.task(name="peers.job", queue="peers", **KEYED)
+async def kanoop(ctx: JobContext, account: str = "", n: int = 0) -> None:
+    pass
+
+
+def keyed_payloads(jobs: int) -> list[dict[str, object]]:
+    """``jobs`` payloads: all of key "big" but the last 500, then 10 each of 50 small keys."""
+    small = min(500, jobs // 2)
+    return ([{"account": "big", "n": i} for i in range(jobs - small)]
+            + [{"account": f"small{i % 50}", "n": i} for i in range(small)])
+
+
+def keyed_bulk(jobs: int) -> None:
+    """The producer of a ``--keyed`` drain: ``keyed_payloads`` enqueued 1000 a call."""
+    payloads = keyed_payloads(jobs)
+    for start in range(0, jobs, 1000):
+        knoop_app.enqueue_many(knoop, payloads[start:start + 1000])
+    knoop_app.close()
 
 
 def _cpu(pid: int) -> tuple[float, float, int]:
@@ -131,12 +172,15 @@ def start_worker(src: str, app: str, url: str, log_dir: str, broker: Broker) -> 
     return proc, env
 
 
-def drain(src: str, jobs: int, handler: str, url: str, log_dir: str, profile: str | None = None) -> dict[str, float]:
+def drain(src: str, jobs: int, handler: str, url: str, log_dir: str, profile: str | None = None,
+          keyed: int | None = None) -> dict[str, float]:
     """One drain of ``jobs`` by a fresh worker running ``src``: jobs/s, and per job: worker CPU (µs, user and
     system), context switches, script calls (fetch + ack), and the threads it ended with."""
     broker = App(url).broker
     broker.sync.flushall()  # the private server of this run
-    proc, env = start_worker(src, APPS[handler], url, log_dir, broker)
+    if keyed is not None:
+        os.environ["DRAIN_KEY_LIMIT"] = str(keyed)
+    proc, env = start_worker(src, KEYED_APPS[handler] if keyed is not None else APPS[handler], url, log_dir, broker)
     try:
         deadline = time.monotonic() + 60
         time.sleep(1.0)  # past start-up: its first idle wait
@@ -144,8 +188,9 @@ def drain(src: str, jobs: int, handler: str, url: str, log_dir: str, profile: st
             subprocess.run(["callgrind_control", "--instr=on", str(proc.pid)], check=True, capture_output=True)
             _instructions(proc.pid, log_dir)  # the count starts here
         os.kill(proc.pid, signal.SIGSTOP)
-        subprocess.run([sys.executable, "-c", f"import peer_ringfence as p; p.Producer().bulk({jobs})"], env=env,
-                       check=True)
+        produce = (f"import bench.drain_cpu as d; d.keyed_bulk({jobs})" if keyed is not None
+                   else f"import peer_ringfence as p; p.Producer().bulk({jobs})")
+        subprocess.run([sys.executable, "-c", produce], env=env, check=True)
         calls0 = broker.sync.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
         redis0 = _redis_cpu(broker)
         user0, sys0, sw0 = _cpu(proc.pid)
@@ -182,30 +227,85 @@ def drain(src: str, jobs: int, handler: str, url: str, log_dir: str, profile: st
         broker.close()
 
 
-def script_cost(url: str, batch: int, jobs: int) -> str:
-    """Redis's own time in fetch.lua and ack.lua (``INFO commandstats``, µs per job): ``jobs`` plain jobs fetched
-    ``batch`` at a time, then acked in the same batches, one call after another (no worker: the scripts alone).
-    Run in a process of its own on the checkout being measured (``--scripts``)."""
-    from ringfence.models import JobSpec
-
-    broker = App(url).broker
+def script_cost(url: str, batch: int, jobs: int, keyed: int | None = None) -> str:
+    """Redis's own time in fetch.lua and ack.lua (``INFO commandstats``, µs per job): ``jobs`` jobs fetched
+    ``batch`` at a time, each batch acked after it, one call after another (no worker: the scripts alone). A keyed
+    job's slot is freed by the next fetch (``fetch_marking`` carries it, as a worker's does). With
+    ``DRAIN_CALLGRIND=1`` the redis-server runs under callgrind here and the figure is its instructions per job
+    (every command served, fetches and acks together). Run in a process of its own on the checkout being measured (``--scripts``)."""
+    if CALLGRIND:
+        tmp = tempfile.mkdtemp(prefix="rf-scripts-")
+        port = free_port()
+        proc = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-line=no",
+                                 f"--callgrind-out-file={tmp}/callgrind.%p", "redis-server", "--save", "",
+                                 "--appendonly", "no", "--port", str(port), "--bind", "127.0.0.1"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"redis://127.0.0.1:{port}/0"
+    app = App(url)
+    broker = app.broker
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            broker.sync.ping()
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
     broker.sync.flushall()
-    spec = JobSpec(task="peers.job", args={}, enqueued_ms=time.time() * 1000).encode()
+    options: dict[str, object] = {} if keyed is None else {"concurrency_key": "account:{account}",
+                                                           "concurrency_limit": keyed}
+
+    @app.task(name="cost.job", queue="q", **options)  # type: ignore[arg-type]
+    def job(ctx: JobContext, account: str = "", n: int = 0) -> None:
+        pass
+
+    payloads = keyed_payloads(jobs)
     for start in range(0, jobs, 1000):
-        broker.run(broker.enqueue("q", [(f"j{i}", spec, 0) for i in range(start, min(start + 1000, jobs))]))
+        app.enqueue_many(job, payloads[start:start + 1000])
 
-    def served() -> float:
-        return float(broker.sync.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0))
+    last = [0.0]
 
-    t0 = served()
-    batches = [broker.run(broker.fetch("q", batch, broker.clock() + 600_000, f"w.{n}"))
-               for n in range(-(-jobs // batch))]
-    t1 = served()
-    for n, got in enumerate(batches):
+    def since() -> float:
+        """Redis's µs in scripts since the last call (none under callgrind: a dump per call takes too long)."""
+        if CALLGRIND:
+            return 0.0
+        usec = float(broker.sync.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0))
+        out, last[0] = usec - last[0], usec
+        return out
+
+    if CALLGRIND:
+        subprocess.run(["callgrind_control", "--instr=on", str(proc.pid)], check=True, capture_output=True)
+        _instructions(proc.pid, tmp)  # the count starts here
+    fetch_t = ack_t = 0.0
+    done = 0
+    held: list[tuple[str, str]] = []
+    n = 0
+    while done < jobs:
+        since()
+        for key, who in held:
+            broker.free_key_slot("q", key, who)
+        got, _ = broker.run(broker.fetch_marking("q", batch, broker.clock() + 600_000, f"w.{n}", "w",
+                                                 broker.clock() + 1000))
+        fetch_t += since()
         broker.run(broker.ack("q", [(job_id, f"w.{n}") for job_id, _, _ in got]))
-    t2 = served()
+        ack_t += since()
+        done += len(got)
+        held = [(spec.split(b'"ck":"', 1)[1].split(b'"', 1)[0].decode(), f"{job_id}:w.{n}")
+                for job_id, spec, _ in got if b'"ck":"' in spec]
+        n += 1
+        if not got and not held:
+            raise SystemExit(f"fetch returned nothing with {jobs - done} jobs left")
+    if CALLGRIND:
+        total = _instructions(proc.pid, tmp)
+        broker.close()
+        proc.terminate()
+        proc.wait(60)
+        return (f"{total / jobs / 1000:.2f} k instructions/job in redis-server (fetch and ack, batches of {batch}, "
+                f"{n} fetches)")
     broker.close()
-    return f"fetch {(t1 - t0) / jobs:.2f} µs/job, ack {(t2 - t1) / jobs:.2f} µs/job (Redis, batches of {batch})"
+    return (f"fetch {fetch_t / jobs:.2f} µs/job, ack {ack_t / jobs:.2f} µs/job (Redis, batches of {batch}, "
+            f"{n} fetches)")
 
 
 def main() -> int:
@@ -218,20 +318,23 @@ def main() -> int:
     ap.add_argument("--profile", help="write a py-spy raw profile (or perf's, for *.perf) of each drain here")
     ap.add_argument("--scripts", type=int, metavar="BATCH",
                     help="no drain: Redis's time in the fetch and ack scripts per job, BATCH jobs a call")
-    ap.add_argument("--script-cost", nargs=3, help=argparse.SUPPRESS)  # url batch jobs: one --scripts measure
+    ap.add_argument("--keyed", type=int, metavar="LIMIT", help="jobs of a task with a concurrency key of this limit")
+    ap.add_argument("--script-cost", nargs=4, help=argparse.SUPPRESS)  # url batch jobs keyed: one --scripts measure
     args = ap.parse_args()
     if args.script_cost:
-        url, batch, jobs = args.script_cost
-        print(script_cost(url, int(batch), int(jobs)))
+        url, batch, jobs, keyed = args.script_cost
+        print(script_cost(url, int(batch), int(jobs), int(keyed) if keyed != "-" else None))
         return 0
 
     def one(src: str, url: str, tmp: str) -> str:
         if args.scripts:
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, ROOT])}
             return subprocess.run([sys.executable, "-m", "bench.drain_cpu", "--script-cost", url, str(args.scripts),
-                                   str(args.jobs)], env=env, check=True, capture_output=True,
+                                   str(args.jobs), "-" if args.keyed is None else str(args.keyed)], env=env, check=True, capture_output=True,
                                   text=True).stdout.strip()
-        r = drain(src, args.jobs, args.handler, url, tmp, args.profile)
+        if args.keyed is not None and args.handler not in KEYED_APPS:
+            raise SystemExit("--keyed drains a no-op handler: --handler noop or anoop")
+        r = drain(src, args.jobs, args.handler, url, tmp, args.profile, args.keyed)
         return (f"{r['jobs_s']:,.0f} jobs/s, {r['cpu_us']:,.0f} µs CPU/job (user {r['user_us']:,.0f}, "
                 f"sys {r['sys_us']:,.0f}), {r['switches']:.1f} switches/job, {r['scripts']:.2f} script calls/job, "
                 f"Redis {r['redis_us']:,.1f} µs CPU/job, {r['threads']} threads"
