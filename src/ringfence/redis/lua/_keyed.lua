@@ -73,15 +73,15 @@ end
 -- each; only once the ring is empty (every key whose jobs may run is in hand) do they get more turns in the same
 -- call. A key's jobs come off its list in one RPOP, its slots go in one ZADD: a lone key with a backlog fills a
 -- call in a few commands, not a few per job. A key at its limit is parked until its earliest slot ends or a
--- release brings it back.
+-- release brings it back. Returns true when it put keys on the ring (false: the ring may or may not hold any).
 local function take_turns(pfx, stats, want, now, slot_until, token, lease)
   local ring, parked = pfx .. 'ring', pfx .. 'parked'
-  local due = redis.call('ZRANGEBYSCORE', parked, '-inf', now, 'LIMIT', 0, 100)
+  local due = redis.call('ZRANGEBYSCORE', parked, '-inf', now, 'LIMIT', '0', '100')
   if #due > 0 then
     redis.call('ZREM', parked, unpack(due))
     redis.call('LPUSH', ring, unpack(due))
   end
-  if want <= 0 then return end
+  if want <= 0 then return #due > 0 end
   local function park(k)
     local first = redis.call('ZRANGE', k.slots, 0, 0, 'WITHSCORES')
     redis.call('ZADD', parked, first[2], k.key)
@@ -150,6 +150,7 @@ local function take_turns(pfx, stats, want, now, slot_until, token, lease)
   end
   each_1000('LPUSH', ring, back)
   if taken > 0 then redis.call('HINCRBY', stats, 'keyed_waiting', -taken) end
+  return #back > 0
 end
 
 -- Take one entry out of its key's list (cancel.lua, purge.lua), keeping 'keyed_waiting' and the rule that a key

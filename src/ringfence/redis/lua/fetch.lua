@@ -78,7 +78,7 @@ local function lease(entry)
     out[#out + 1] = 0
     return nil
   end
-  local n = redis.call('HINCRBY', KEYS[5], id, 1)
+  local n = redis.call('HINCRBY', KEYS[5], id, '1')
   redis.call('ZADD', KEYS[3], ARGV[1], id)
   redis.call('HSET', KEYS[4], id, ARGV[3])
   out[#out + 1] = id
@@ -123,13 +123,13 @@ elseif take(max) == max and keyed and batch > max then  -- keyed jobs found: sor
 end
 local empty = redis.call('LLEN', KEYS[1]) == 0
 if keyed then
-  local now = tonumber(ARGV[6])
+  local now = ARGV[6]  -- a string: a Lua number passed to redis.call is formatted anew each time
   if not now then
     local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    now = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
   end
-  take_turns(pfx, KEYS[7], max - #out / 3, now, ARGV[1], ARGV[3], lease)
-  empty = empty and redis.call('LLEN', pfx .. 'ring') == 0
+  local ringed = take_turns(pfx, KEYS[7], max - #out / 3, now, ARGV[1], ARGV[3], lease)
+  empty = empty and not ringed and redis.call('LLEN', pfx .. 'ring') == 0
 end
 if duplicates > 0 then redis.call('HINCRBY', KEYS[7], 'duplicates', duplicates) end
 return done(out, #out / 3, empty)
