@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ringfence.app import App
 from ringfence.redis.broker import Broker
@@ -227,43 +228,54 @@ def drain(src: str, jobs: int, handler: str, url: str, log_dir: str, profile: st
         broker.close()
 
 
-def script_cost(url: str, batch: int, jobs: int, keyed: int | None = None) -> str:
-    """Redis's own time in fetch.lua and ack.lua (``INFO commandstats``, µs per job): ``jobs`` jobs fetched
-    ``batch`` at a time, each batch acked after it, one call after another (no worker: the scripts alone). A keyed
-    job's slot is freed by the next fetch (``fetch_marking`` carries it, as a worker's does). With
-    ``DRAIN_CALLGRIND=1`` the redis-server runs under callgrind here and the figure is its instructions per job
-    (every command served, fetches and acks together). Run in a process of its own on the checkout being measured (``--scripts``)."""
-    if CALLGRIND:
-        tmp = tempfile.mkdtemp(prefix="rf-scripts-")
-        port = free_port()
-        proc = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-line=no",
-                                 f"--callgrind-out-file={tmp}/callgrind.%p", "redis-server", "--save", "",
-                                 "--appendonly", "no", "--port", str(port), "--bind", "127.0.0.1"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"redis://127.0.0.1:{port}/0"
+def _callgrind_redis(tmp: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A redis-server under callgrind (counting off until turned on), and its url."""
+    port = free_port()
+    proc = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-line=no",
+                             f"--callgrind-out-file={tmp}/callgrind.%p", "redis-server", "--save", "", "--appendonly",
+                             "no", "--port", str(port), "--bind", "127.0.0.1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, f"redis://127.0.0.1:{port}/0"
+
+
+def _cost_app(url: str, jobs: int, keyed: int | None) -> tuple[App, Any]:
+    """An app on ``url`` (once it answers) with ``jobs`` jobs of its task enqueued in queue "q"."""
     app = App(url)
-    broker = app.broker
     deadline = time.monotonic() + 120
     while True:
         try:
-            broker.sync.ping()
+            app.broker.sync.ping()
             break
         except Exception:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
-    broker.sync.flushall()
-    options: dict[str, object] = {} if keyed is None else {"concurrency_key": "account:{account}",
-                                                           "concurrency_limit": keyed}
+    app.broker.sync.flushall()
+    options: dict[str, Any] = {} if keyed is None else {"concurrency_key": "account:{account}",
+                                                        "concurrency_limit": keyed}
 
-    @app.task(name="cost.job", queue="q", **options)  # type: ignore[arg-type]
+    @app.task(name="cost.job", queue="q", **options)
     def job(ctx: JobContext, account: str = "", n: int = 0) -> None:
         pass
 
     payloads = keyed_payloads(jobs)
     for start in range(0, jobs, 1000):
         app.enqueue_many(job, payloads[start:start + 1000])
+    return app, job
 
+
+def script_cost(url: str, batch: int, jobs: int, keyed: int | None = None) -> str:
+    """Redis's own time in fetch.lua and ack.lua (``INFO commandstats``, µs per job): ``jobs`` jobs fetched
+    ``batch`` at a time, each batch acked after it, one call after another (no worker: the scripts alone). A keyed
+    job's slot is freed by the next fetch (``fetch_marking`` carries it, as a worker's does). With
+    ``DRAIN_CALLGRIND=1`` the redis-server runs under callgrind here and the figure is its instructions per job
+    (every command served, fetches and acks together). Run in a process of its own on the checkout being measured
+    (``--scripts``)."""
+    tmp = tempfile.mkdtemp(prefix="rf-scripts-")
+    if CALLGRIND:
+        proc, url = _callgrind_redis(tmp)
+    app, _ = _cost_app(url, jobs, keyed)
+    broker = app.broker
     last = [0.0]
 
     def since() -> float:
@@ -278,9 +290,8 @@ def script_cost(url: str, batch: int, jobs: int, keyed: int | None = None) -> st
         subprocess.run(["callgrind_control", "--instr=on", str(proc.pid)], check=True, capture_output=True)
         _instructions(proc.pid, tmp)  # the count starts here
     fetch_t = ack_t = 0.0
-    done = 0
+    done = n = 0
     held: list[tuple[str, str]] = []
-    n = 0
     while done < jobs:
         since()
         for key, who in held:
@@ -329,8 +340,9 @@ def main() -> int:
     def one(src: str, url: str, tmp: str) -> str:
         if args.scripts:
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, ROOT])}
+            keyed = "-" if args.keyed is None else str(args.keyed)
             return subprocess.run([sys.executable, "-m", "bench.drain_cpu", "--script-cost", url, str(args.scripts),
-                                   str(args.jobs), "-" if args.keyed is None else str(args.keyed)], env=env, check=True, capture_output=True,
+                                   str(args.jobs), keyed], env=env, check=True, capture_output=True,
                                   text=True).stdout.strip()
         if args.keyed is not None and args.handler not in KEYED_APPS:
             raise SystemExit("--keyed drains a no-op handler: --handler noop or anoop")
