@@ -271,22 +271,32 @@ def script_cost(url: str, batch: int, jobs: int, keyed: int | None = None) -> st
     ``DRAIN_CALLGRIND=1`` the redis-server runs under callgrind here and the figure is its instructions per job
     (every command served, fetches and acks together). Run in a process of its own on the checkout being measured
     (``--scripts``)."""
-    tmp = tempfile.mkdtemp(prefix="rf-scripts-")
-    if CALLGRIND:
+    with tempfile.TemporaryDirectory(prefix="rf-scripts-") as tmp:
+        if not CALLGRIND:
+            return _script_cost(url, batch, jobs, keyed, None, tmp)
         proc, url = _callgrind_redis(tmp)
+        try:
+            return _script_cost(url, batch, jobs, keyed, proc, tmp)
+        finally:
+            proc.terminate()
+            proc.wait(60)
+
+
+def _script_cost(url: str, batch: int, jobs: int, keyed: int | None, proc: subprocess.Popen[bytes] | None,
+                 tmp: str) -> str:
     app, _ = _cost_app(url, jobs, keyed)
     broker = app.broker
     last = [0.0]
 
     def since() -> float:
         """Redis's µs in scripts since the last call (none under callgrind: a dump per call takes too long)."""
-        if CALLGRIND:
+        if proc is not None:
             return 0.0
         usec = float(broker.sync.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0))
         out, last[0] = usec - last[0], usec
         return out
 
-    if CALLGRIND:
+    if proc is not None:
         subprocess.run(["callgrind_control", "--instr=on", str(proc.pid)], check=True, capture_output=True)
         _instructions(proc.pid, tmp)  # the count starts here
     fetch_t = ack_t = 0.0
@@ -307,11 +317,9 @@ def script_cost(url: str, batch: int, jobs: int, keyed: int | None = None) -> st
         n += 1
         if not got and not held:
             raise SystemExit(f"fetch returned nothing with {jobs - done} jobs left")
-    if CALLGRIND:
+    if proc is not None:
         total = _instructions(proc.pid, tmp)
         broker.close()
-        proc.terminate()
-        proc.wait(60)
         return (f"{total / jobs / 1000:.2f} k instructions/job in redis-server (fetch and ack, batches of {batch}, "
                 f"{n} fetches)")
     broker.close()
