@@ -78,6 +78,20 @@ def test_completed_without_reference_and_stale_in_doubt(store) -> None:
     assert reconcile(store, "charge", None, in_doubt_older_than_s=3600).stale_in_doubt == []
 
 
+def test_an_in_doubt_step_stamped_by_a_clock_ahead_is_reported_at_once(store) -> None:
+    """On SQLite each writing process's clock is the database's: a worker whose clock runs 10 s ahead stamps its
+    park in the future. Reported at once (age 0), not hidden until the reader's clock passes the stamp."""
+    from sqlalchemy import update
+
+    from ringfence.fence.schema import db_now_plus
+
+    in_doubt(store, "order:7")
+    with store.engine.begin() as conn:
+        conn.execute(update(store.table).where(store.table.c.subject == "order:7").values(updated_at=db_now_plus(10)))
+    report = reconcile(store, "charge", None, in_doubt_older_than_s=0)
+    assert [r["subject"] for r in report.stale_in_doubt] == ["order:7"]
+
+
 def test_owner_gone_from_a_store_alone_is_a_step_whose_fence_lease_is_over(store) -> None:
     """Without the broker, "owner gone" is the fence's own lease (database clock): a calling step left by a
     dead run is reported, one whose lease still runs is not, completed ones never."""

@@ -153,11 +153,13 @@ def _check_effects(report: ReconcileReport, rows: dict[str, FenceRow], effects: 
 
 
 def age_s(now: datetime, then: datetime | None) -> float:
+    """Seconds from ``then`` to ``now``; a ``then`` ahead of ``now`` is 0: it was written by a clock ahead of this
+    one (on SQLite each writing process's clock is the database's), and the row is new, not missing."""
     if then is None:
         return 0.0
     if (now.tzinfo is None) != (then.tzinfo is None):  # SQLite gives naive UTC times, others aware ones
         now, then = now.replace(tzinfo=None), then.replace(tzinfo=None)
-    return (now - then).total_seconds()
+    return max((now - then).total_seconds(), 0.0)
 
 
 # -- sources ---------------------------------------------------------------------------------------
