@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
 import redis
@@ -18,16 +19,42 @@ class _Node(NamedTuple):
     name: str  # all get_sharded_message(target_node=...) reads of a node
 
 
+class _Watch:
+    """A node subscription's connect callback (redis-py keeps it as a weak method: ShardReaders holds it)."""
+
+    def __init__(self, readers: ShardReaders, name: str) -> None:
+        self.readers, self.name = readers, name
+
+    def reconnected(self, connection: Any) -> Awaitable[None]:
+        self.readers.resubscribed(self.name)
+        # Its reply ends the idle wait now (it comes after the re-subscribe replies)
+        sent: Awaitable[None] = connection.send_command("PING", b"ringfence-resubscribed", check_health=False)
+        return sent
+
+
 class ShardReaders:
     """Readers over redis-py's cluster pub/sub (``node_pubsub_mapping``: one subscription per node). ``pump``
-    follows that mapping as redis-py changes it (a failover moves channels to the new master)."""
+    follows that mapping as redis-py changes it (a failover moves channels to the new master).
 
-    def __init__(self, pubsub: Any) -> None:
+    ``reconnected`` collects the nodes whose subscription was re-established (its connection reconnected, or a
+    subscription new since the first pump: channels moved there): messages sent to the old one may be lost, and
+    ``on_resubscribed`` is told."""
+
+    def __init__(self, pubsub: Any, on_resubscribed: Callable[[], None] | None = None) -> None:
         self.pubsub = pubsub
         self.inbox: list[dict[str, Any]] = []
         self.arrived = asyncio.Event()
         self.failing: dict[str, float] = {}  # node name -> monotonic time its reads started failing
+        self.reconnected: set[str] = set()
+        self._on_resubscribed = on_resubscribed
         self._readers: dict[str, tuple[Any, asyncio.Task[None]]] = {}
+        self._watches: dict[str, tuple[Any, _Watch]] = {}  # node name -> (connection, its callback)
+        self._pumped = False
+
+    def resubscribed(self, name: str) -> None:
+        self.reconnected.add(name)
+        if self._on_resubscribed is not None:
+            self._on_resubscribed()
 
     def pump(self) -> None:
         mapping = dict(getattr(self.pubsub, "node_pubsub_mapping", {}) or {})
@@ -38,8 +65,21 @@ class ShardReaders:
                 self.failing.pop(name, None)
         for name, node_pubsub in mapping.items():
             if name not in self._readers:
+                if self._pumped:
+                    self.resubscribed(name)
                 task = asyncio.create_task(self._read(name, node_pubsub), name=f"wake-reader {name}")
                 self._readers[name] = (node_pubsub, task)
+            self._watch(name, node_pubsub)
+        self._pumped = True
+
+    def _watch(self, name: str, node_pubsub: Any) -> None:
+        connection = getattr(node_pubsub, "connection", None)
+        register = getattr(connection, "register_connect_callback", None)
+        if register is None or self._watches.get(name, (None,))[0] is connection:
+            return
+        watch = _Watch(self, name)
+        register(watch.reconnected)
+        self._watches[name] = (connection, watch)
 
     def take(self) -> list[dict[str, Any]]:
         out, self.inbox = self.inbox, []
@@ -75,3 +115,4 @@ class ShardReaders:
             with contextlib.suppress(asyncio.CancelledError, redis.RedisError, OSError):
                 await task
         self._readers = {}
+        self._watches = {}

@@ -61,7 +61,7 @@ class Waker:
     async def start(self) -> None:
         self._pubsub = self.broker.aio.pubsub(ignore_subscribe_messages=True)
         if self.broker.cluster:
-            self._shards = ShardReaders(self._pubsub)
+            self._shards = ShardReaders(self._pubsub, self._shard_resubscribed)
             self._unsubscribed = [*[k.wake for k in self.queue_keys], *self._own]
             # A channel whose node does not answer (a master failing over) is tried again by each wait after
             # RETRY_S; the fetch loop serves its queue once the node is back, so a worker starts all the same.
@@ -73,6 +73,9 @@ class Waker:
                 told("the wake channel's reconnects go unseen: redis-py has no register_connect_callback")
             else:
                 register(self._on_reconnect)
+
+    def _shard_resubscribed(self) -> None:
+        self.resubscribed = True
 
     async def _subscribe_shards(self) -> bool:
         """SSUBSCRIBE each channel not subscribed yet, one by one: a node that does not answer keeps only its own
@@ -176,9 +179,13 @@ class Waker:
         Its idle marks are removed first, so no job is pushed to it from then on (its next fetch marks it again);
         then it reads its subscription up to the reply of a PING sent after that, so every message published to
         it before is read. Each pushed lease in its name whose token it neither read nor holds was lost: one
-        script per queue gives those back (hand_back_lost.lua), their attempt not counted. Not on a Cluster."""
+        script per queue gives those back (hand_back_lost.lua), their attempt not counted. On a Cluster the same,
+        node by node, for the queues whose channel a re-established node subscription carries (``_recover_shards``)."""
         self.resubscribed = False  # a reconnect from here on sets it again
-        if self.broker.cluster or self._pubsub is None:
+        if self._pubsub is None:
+            return
+        if self.broker.cluster:
+            await self._recover_shards()
             return
         await self.mark_busy()
         if not await self._read_through():
@@ -192,6 +199,86 @@ class Waker:
             ids = await self.broker.arun(self.broker.hand_back_lost(queue, self.worker_id, held))
             self.recovered += len(ids)
         self.checks += 1
+
+    async def _recover_shards(self) -> None:
+        shards = self._shards
+        if shards is None:
+            return
+        nodes, shards.reconnected = shards.reconnected, set()
+        on = self._queues_on(nodes)
+        failed: set[str] = set()
+        unmarked = await asyncio.gather(*(self._unmark(self.queue_keys[i]) for i in on), return_exceptions=True)
+        for i, result in zip(list(on), unmarked, strict=True):
+            if isinstance(result, BaseException):
+                failed.add(on.pop(i))
+        failed |= await self._read_shards_through(set(on.values()) - failed)
+        await self._forget_finished()
+        held = [*self.taken]
+        for _, message in self.pushed:
+            held.append(message.split(b" ", 3)[2].decode())
+        for i, name in on.items():
+            if name in failed:
+                continue
+            try:
+                ids = await self.broker.arun(self.broker.hand_back_lost(self.queues[i], self.worker_id, held))
+            except UNAVAILABLE:
+                failed.add(name)
+                continue
+            self.recovered += len(ids)
+        if failed:  # checked next time
+            shards.reconnected |= failed
+            self.resubscribed = True
+        self.checks += 1
+
+    def _queues_on(self, nodes: set[str]) -> dict[int, str]:
+        """Queue index -> the node of ``nodes`` whose subscription carries its own channel. A channel not
+        subscribed yet is left out: its subscription, once made, is a new one and asks for a check then."""
+        mapping = getattr(self._pubsub, "node_pubsub_mapping", {})
+        on: dict[int, str] = {}
+        for i, channel in enumerate(self._own):
+            try:
+                name = self.broker.aio.get_node_from_key(channel).name  # type: ignore[attr-defined]
+            except redis.RedisError:  # its slot not covered (a failover under way): checked next time
+                assert self._shards is not None
+                self._shards.reconnected |= nodes
+                self.resubscribed = True
+                continue
+            if name in nodes and name in mapping and channel not in self._unsubscribed:
+                on[i] = name
+        return on
+
+    async def _read_shards_through(self, nodes: set[str]) -> set[str]:
+        """Read the subscriptions of ``nodes`` up to the reply of a PING sent on each: every message published to
+        this worker there before is read. Returns the nodes whose reply did not come in time."""
+        shards = self._shards
+        assert shards is not None
+        mapping = getattr(self._pubsub, "node_pubsub_mapping", {})
+        left: dict[bytes, str] = {}
+        failed: set[str] = set()
+        for name in nodes:
+            self._pings += 1
+            marker = f"ringfence-barrier-{self._pings}".encode()
+            try:
+                await mapping[name].ping(marker)
+            except (redis.RedisError, OSError, KeyError):
+                failed.add(name)
+            else:
+                left[marker] = name
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + BARRIER_S
+        while left:
+            shards.pump()
+            for msg in shards.take():
+                if msg["type"] == "pong" and msg["data"] in left:
+                    del left[msg["data"]]
+                else:
+                    self._keep(msg)
+            wait_s = deadline - loop.time()
+            if not left or wait_s <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(shards.arrived.wait(), wait_s)
+        return failed | set(left.values())
 
     async def _read_through(self) -> bool:
         """Read every message published to this worker before now: a PING's reply comes after them."""
