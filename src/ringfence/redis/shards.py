@@ -53,6 +53,7 @@ class ShardReaders:
 
     def resubscribed(self, name: str) -> None:
         self.reconnected.add(name)
+        self.arrived.set()  # the idle wait ends: the worker checks its leases now
         if self._on_resubscribed is not None:
             self._on_resubscribed()
 
@@ -107,6 +108,7 @@ class ShardReaders:
             else:
                 await asyncio.sleep(0)  # a read that returned without waiting must not starve the loop
         self.failing.pop(name, None)
+        self.arrived.set()  # the idle wait ends and pumps: the node's channels may have a new subscription
 
     async def close(self) -> None:
         for _, task in self._readers.values():
