@@ -164,7 +164,7 @@ class Waker:
         if self._unsubscribed and asyncio.get_running_loop().time() - self._subscribe_at >= RETRY_S:
             await self._subscribe_shards()
         shards.pump()
-        if not shards.inbox and timeout_s > 0 and not self.resubscribed:
+        if not shards.inbox and timeout_s > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(shards.arrived.wait(), timeout_s)
         messages = shards.take()
