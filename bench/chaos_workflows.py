@@ -184,12 +184,14 @@ class Driver:
                              for k in range(self.run.redis_restarts)]
             processed = 0
             next_kill = started + random.expovariate(1 / self.run.kill_every_s)
+            # a run faster than its first random kill still gets one, a third of the way through its steps
+            first_kill_mark = STEPS * len(wids) / 3
             pending, checked = set(wids), 0.0
             stats_key = driver_app.broker.keys.queue(QUEUE).stats
             while pending and time.monotonic() - started < self.run.timeout_s:
                 now = time.monotonic()
                 self.calm = now - started >= self.run.chaos_s
-                if now >= next_kill and not self.calm:
+                if (now >= next_kill or (self.kills == 0 and processed >= first_kill_mark)) and not self.calm:
                     self.kill_one()
                     next_kill = now + random.expovariate(1 / self.run.kill_every_s)
                 if restart_marks and processed >= restart_marks[0]:

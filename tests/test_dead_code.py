@@ -16,6 +16,8 @@ HOOKS = {
     "FenceAdmin", "FailedJobAdmin", "OutboxAdmin", "RingfenceConfig", "has_add_permission",
     "has_change_permission", "has_delete_permission", "has_resolve_permission", "has_replay_permission",
     "run_from_argv", "add_arguments",
+    # redis-py's Backoff: Retry asks it before each resend
+    "compute",
 }
 
 
