@@ -51,6 +51,19 @@ def runs(directory: Path, kind: str = "started") -> Counter[str]:
     return Counter(p.name.split(".")[0] for p in directory.glob(f"*.{kind}"))
 
 
+def ran_once_at_once(directory: Path, job: str, since: float, stats: dict[bytes, bytes], lines: list[str]) -> float:
+    """A job whose fetch reply was lost ran once, as attempt 1, within 3 s of ``since`` (not at its lease's end as
+    attempt 2), handed back and not orphaned. Returns how long after ``since`` it started."""
+    runs = sorted((int(p.name.split(".")[1]), float(p.read_text())) for p in directory.glob(f"{job}.*.started"))
+    assert len(runs) == 1, runs
+    attempt, started = runs[0]
+    assert attempt == 1 and started - since < 3.0, (attempt, started - since, lines)
+    assert stats.get(b"handed_back") == b"1", (stats, lines)  # a lost fetch leased it (else inconclusive)
+    assert b"orphaned" not in stats and stats.get(b"processed") == b"1", stats
+    assert any("whose reply was lost given back" in line for line in lines), lines
+    return started - since
+
+
 class HalfOpenProxy:
     """A TCP proxy to Redis. ``freeze()`` makes every connection open at that moment half-open: bytes are
     dropped both ways, nothing is closed, so a client waits for an answer that never comes (a NAT or firewall
