@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from ringfence import App, BrokerError, RingfenceError
-from support import ROOT, kill_groups
+from support import ROOT, kill_groups, wait_until
 from topology import HAVE_REDIS, Cluster
 
 pytestmark = [pytest.mark.topology,
@@ -193,6 +193,7 @@ def test_the_doctor_names_a_dead_node_and_answers_for_the_rest(tmp_path: Path, r
             task.with_options(queue=q).enqueue(n=1)
         home = app.broker.sync.get_node_from_key(app.broker.keys.queues).name  # type: ignore[attr-defined]
         victim, lonely = sorted(m for m in by_master if m != home)
+        wait_until(lambda: None not in cluster.masters().values(), 30)  # every replica attached
         replicas = cluster.masters()
         lonely_replica = replicas[int(lonely.rsplit(":", 1)[1])]
         assert lonely_replica is not None
