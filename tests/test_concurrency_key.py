@@ -91,7 +91,12 @@ def test_a_key_that_cannot_be_built_is_refused_at_enqueue(make_app: Callable[...
 def test_the_key_travels_in_the_spec_head(make_app: Callable[..., App]) -> None:
     app = make_app()
     job = keyed_task(app, limit=3).enqueue(account="a:1", n=1)
-    raw = app.broker.sync.lindex(app.broker.keys.queue("default").pending, 0)
+    r, pfx = app.broker.sync, app.broker.keys.keyed("default")
+    # enqueued straight into its key's list, the key on the ring, pending untouched
+    assert r.llen(app.broker.keys.queue("default").pending) == 0
+    assert r.lrange(pfx + "ring", 0, -1) == [b"account:a:1"]
+    assert r.hget(app.broker.keys.queue("default").stats, "keyed_waiting") == b"1"
+    raw = r.lindex(pfx + "q:account:a:1", 0)
     assert raw is not None and raw.startswith(job.encode())
     spec = JobSpec.decode(raw[len(job):])
     assert (spec.extra["ck"], spec.extra["cl"], spec.args) == ("account:a:1", 3, {"account": "a:1", "n": 1})

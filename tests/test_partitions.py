@@ -59,8 +59,8 @@ def workers(namespace: str, redis_url: str) -> Iterator[Callable[..., subprocess
 
 
 def _pending(app: App) -> dict[str, int]:
-    return {p: app.broker.sync.llen(app.broker.keys.queue(p).pending)
-            for p in (partition_name("hot", i, PARTS) for i in range(PARTS))}
+    """Jobs waiting per partition: in its pending list or in its concurrency keys' lists."""
+    return {p: app.broker.purgeable(p) for p in (partition_name("hot", i, PARTS) for i in range(PARTS))}
 
 
 def _runs(rdb: redis.Redis, ns: str) -> list[list[str]]:

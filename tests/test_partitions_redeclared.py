@@ -90,11 +90,11 @@ def test_keyed_jobs_an_old_worker_sorted_into_their_keys_lists_run(
     list then empty) and one it leased and never finished: a worker declared with 4 runs each once more."""
     old.task(name="limited", queue="hot", concurrency_key="acct:{key}", concurrency_limit=1)(_limited)
     old.enqueue_many("limited", [{"key": f"k{k}", "n": n} for k in range(3) for n in range(10)])
-    held = [p for p in sorted(old.broker.queues()) if old.broker.sync.llen(old.broker.keys.queue(p).pending)]
+    held = [p for p in sorted(old.broker.queues()) if old.broker.sync.llen(old.broker.keys.keyed(p) + "ring")]
     now = old.broker.clock()
     leased = [old.broker.run(old.broker.fetch(p, 1, now + 500, f"old.{i}")) for i, p in enumerate(held)]
     assert all(len(got) == 1 for got in leased)
-    assert not any(old.broker.sync.llen(old.broker.keys.queue(p).pending) for p in held)
+    assert held and not any(old.broker.sync.llen(old.broker.keys.queue(p).pending) for p in held)
     _worker(started, redis_url, namespace)
     wait_until(lambda: len(_runs(rdb, namespace)) >= 30, timeout=20)
     runs = _runs(rdb, namespace)

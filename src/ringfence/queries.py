@@ -195,7 +195,7 @@ def find_dead(broker: Broker, job_id: str) -> DeadJob | None:
 
 @dataclass(frozen=True)
 class KeyWaiting:
-    """A pending job a fetch sorted into its concurrency key's list (redis/lua/_keyed.lua): its key ('' for a
+    """A pending job in its concurrency key's list (redis/lua/_keyed.lua): its key ('' for a
     job without one, in a queue that holds keyed jobs), id, spec (None: its record is gone), and ``after``, the
     cursor of the job that follows it."""
 

@@ -2,7 +2,7 @@
 pages read from Redis until a page of matches is found, the state ends, or the time budget is spent; the
 result says how many jobs were read and where "next" goes on.
 
-The pending page reads the pending list, then the jobs a fetch sorted into their concurrency keys' lists
+The pending page reads the pending list, then the jobs in their concurrency keys' lists
 (``queries.key_waiting``), each marked with its key."""
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ STATES = ("pending", "active", "scheduled", "retry", "dead")
 #: jobs oldest first and latency is the oldest job's age, so those are the jobs looked up most, and the scan would
 #: reach them last.
 OLDEST_FIRST = 1000
-#: The state of a pending job that a fetch sorted into its concurrency key's list (lua/_keyed.lua), the key after.
+#: The state of a job in its concurrency key's list while the key is at its limit (lua/_keyed.lua), the key after.
 KEY_WAIT = "waiting for its key's slot: "
 
 
@@ -63,7 +63,7 @@ class Admin:
             return b""
         found = self._pending_entry(queue, job_id)
         if found is None:
-            found = (self._keyed_entry(queue, job_id) or ("", None))[1]
+            found = (self._keyed_entry(queue, job_id) or ("", None, False))[1]
         return found if found is not None and split_entry(found)[1] is not None else b""
 
     def cancel(self, queue: str, job_id: str, dead_fields: dict[str, Any] | None = None, inline_entry: bytes = b""
@@ -95,8 +95,8 @@ class Admin:
         """Where job ``job_id`` is in ``queue``: a state of STATES, 'unknown' (a record in no set: being moved),
         or None when the queue has no such job. Pending is found by LPOS (one scan of the list in Redis), an
         inline pending job (no record in the jobs hash, keys.py; only a generated id, ``may_be_inline``) in the
-        oldest entries, then by a scan in slices (pending_entry). A pending job a fetch sorted into its
-        concurrency key's list reads ``KEY_WAIT`` and the key."""
+        oldest entries, then by a scan in slices (pending_entry). A pending job in its concurrency key's
+        list reads ``KEY_WAIT`` and the key while the key is parked at its limit."""
         return self.job_lookup(queue, job_id)[0]
 
     def job_lookup(self, queue: str, job_id: str, scan: bool = True) -> tuple[str | None, bytes | None]:
@@ -114,13 +114,13 @@ class Admin:
             keyed = self._keyed_entry(queue, job_id)
             spec = split_entry(keyed[1])[1] if keyed is not None else None
             if keyed is not None and spec is not None:
-                return _key_state(keyed[0]), spec
+                return _key_state(keyed[0], keyed[2]), spec
         return self._job_state(queue, job_id), None  # an inline job fetched during the scan has its record now
 
-    def _keyed_entry(self, queue: str, job_id: str) -> tuple[str, bytes] | None:
-        """(key, entry) of a job waiting in its concurrency key's list, or None: the keys in ring and parked
-        (lua/_keyed.lua), each list scanned newest first as pending_entry. A queue with no job waiting in a key's
-        list (its counter 'keyed_waiting') costs one HGET."""
+    def _keyed_entry(self, queue: str, job_id: str) -> tuple[str, bytes, bool] | None:
+        """(key, entry, whether the key is parked at its limit) of a job waiting in its concurrency key's list, or
+        None: the keys in ring and parked (lua/_keyed.lua), each list scanned newest first as pending_entry. A
+        queue with no job waiting in a key's list (its counter 'keyed_waiting') costs one HGET."""
         if int(self.sync.hget(self.keys.queue(queue).stats, "keyed_waiting") or 0) <= 0:
             return None
         pfx = self.keys.keyed(queue)
@@ -128,14 +128,14 @@ class Admin:
         p.lrange(pfx + "ring", 0, -1)
         p.zrange(pfx + "parked", 0, -1)
         ring, parked = p.execute()
-        for raw in [*ring, *parked]:
+        for raw, at_limit in [*((r, False) for r in ring), *((r, True) for r in parked)]:
             key = as_text(raw)
             first = 0
             while True:
                 entries: list[bytes] = self.sync.lrange(pfx + "q:" + key, first, first + PENDING_SLICE - 1)  # type: ignore[assignment]
                 found = find_entry(entries, job_id)
                 if found is not None:
-                    return key, found
+                    return key, found, at_limit
                 if len(entries) < PENDING_SLICE:
                     break
                 first += PENDING_SLICE - PENDING_OVERLAP
@@ -171,7 +171,7 @@ class Admin:
         if self.sync.hexists(k.waiting, job_id):
             return "waiting"
         keyed = self._keyed_entry(queue, job_id)
-        return _key_state(keyed[0]) if keyed is not None else "unknown"
+        return _key_state(keyed[0], keyed[2]) if keyed is not None else "unknown"
 
     def page(self, queue: str, state: str, offset: int, count: int) -> list[tuple[str, float]]:
         """(id, score) of one page of a state: pending oldest first by position (score = position), the sorted
@@ -217,6 +217,7 @@ class Admin:
         return {as_text(key): int(v) for key, v in raw.items()}
 
 
-def _key_state(key: str) -> str:
-    """The state of a job in key ``key``'s list: plain jobs of a keyed queue wait under key '' (pending)."""
-    return KEY_WAIT + key if key else "pending"
+def _key_state(key: str, parked: bool) -> str:
+    """The state of a job in key ``key``'s list: waiting for a slot while its key is parked at its limit, else
+    pending (its key takes its turn in the ring; plain jobs of a keyed queue wait under key '')."""
+    return KEY_WAIT + key if key and parked else "pending"

@@ -296,10 +296,13 @@ class Broker(Reads, Admin):
         k = self.keys.queue(queue)
         jobs = list(jobs)
         if inline and all(j[2] == 0 and len(j[1]) <= INLINE_MAX_BYTES and (len(j) == 3 or j[3] == "") for j in jobs):
-            # The common case: every job goes inline into pending, in three Redis calls (enqueue_ready.lua)
-            return Call("enqueue_ready", [k.pending, k.idle, k.stats, k.jobs, k.active, k.lease, k.attempts,
-                                          k.idle_lease],
-                        [k.wake, self.clock(), *[j[0].encode() + j[1] for j in jobs]], _enqueued)
+            # The common case: every job goes inline into pending, in three Redis calls (enqueue_ready.lua); one
+            # with a concurrency key straight to its key's list
+            keys = [k.pending, k.idle, k.stats, k.jobs, k.active, k.lease, k.attempts, k.idle_lease]
+            if any(b',"ck":"' in j[1] for j in jobs):
+                keys.append(self.keys.keyed(queue))
+            return Call("enqueue_ready", keys, [k.wake, self.clock(), *[j[0].encode() + j[1] for j in jobs]],
+                        _enqueued)
         args: list[Any] = [self.clock(), k.wake, INLINE_MAX_BYTES if inline else 0]
         for job in jobs:
             args += [*job, "", 0] if len(job) == 3 else list(job)

@@ -7,20 +7,21 @@
 -- ARGV[1] id  ARGV[2] now ms
 -- ARGV[3] '' to delete the job, else a JSON object of dead record fields: the job goes to dead-letter instead
 --         (a job that owns a fence step past capture must not vanish)
--- KEYS[14] prefix of the queue's concurrency-key keys (lua/_keyed.lua): a pending job a fetch sorted into its
---          key's list is taken from there
+-- KEYS[14] prefix of the queue's concurrency-key keys (lua/_keyed.lua): a pending job in its key's list is
+--          taken from there
 -- ARGV[4] the job's inline pending entry '<id><spec>' as a scan found it (Admin.inline_entry), or ''
 -- Returns: the state it was taken from (pending, scheduled, retry, active, waiting, or "waiting for its key's
--- slot: <key>"), or '' when it is no job of the queue. The jobs waiting for it go to dead-letter (reason
--- dependency_dead).
+-- slot: <key>" while its key is parked at its limit), or '' when it is no job of the queue. The jobs waiting
+-- for it go to dead-letter (reason dependency_dead).
 --@include depends
 --@include keyed
 
 -- Take entry (pending) out of its key's list; the state it left, or nil.
 local function from_key(spec, entry)
   local key = entry_key(spec) or ''  -- once a queue holds keyed jobs, plain ones wait under key ''
+  local parked = redis.call('ZSCORE', KEYS[14] .. 'parked', key)  -- its key at its limit (read before unkey)
   if not unkey(KEYS[14], KEYS[11], key, entry) then return nil end
-  return key == '' and 'pending' or ("waiting for its key's slot: " .. key)
+  return parked and ("waiting for its key's slot: " .. key) or 'pending'
 end
 local id = ARGV[1]
 local spec = redis.call('HGET', KEYS[6], id)

@@ -16,6 +16,8 @@
 -- KEYS[6] lease    hash  id -> token
 -- KEYS[7] attempts hash  id -> attempts started
 -- KEYS[8] idle_lease hash worker -> its lease ms (set with its idle mark)
+-- KEYS[9] optional: the queue's concurrency-key prefix (fetch.lua's KEYS[10]): a job whose spec names a key goes
+--         straight to its key's list (lua/_keyed.lua), as a fetch would sort it, not through pending
 -- ARGV[1] wake channel
 -- ARGV[2] now ms
 -- ARGV[3..] '<id><spec>' per job, in enqueue order
@@ -41,8 +43,30 @@ if idle then
     {'PUBLISH', ARGV[1], '1'}})
   if refused then return refused end
 end
-for i = 3, #ARGV, 1000 do  -- one LPUSH per 1,000 jobs: unpack is bounded by Lua's C stack
-  redis.call('LPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+local ready = ARGV
+if KEYS[9] then
+  refused = allowed('enqueue', {{'LPUSH', KEYS[9] .. 'ring', 'key'}, {'HSET', KEYS[9] .. 'limit', 'key', '1'},
+    {'HINCRBY', KEYS[3], 'keyed_waiting', '1'}})
+  if refused then return refused end
+  ready = {'', ''}
+  local order, sorted, limits = {}, {}, {}
+  for i = 3, #ARGV do
+    local key, limit = entry_key(ARGV[i])  -- an inline entry's id holds no ',"ck":"': read in place
+    if key then
+      if not sorted[key] then
+        sorted[key] = {}
+        order[#order + 1] = key
+      end
+      sorted[key][#sorted[key] + 1] = ARGV[i]
+      limits[key] = limit
+    else
+      ready[#ready + 1] = ARGV[i]
+    end
+  end
+  sort(KEYS[9], KEYS[3], order, sorted, limits)
+end
+for i = 3, #ready, 1000 do  -- one LPUSH per 1,000 jobs: unpack is bounded by Lua's C stack
+  redis.call('LPUSH', KEYS[1], unpack(ready, i, math.min(i + 999, #ready)))
 end
 redis.call('HINCRBY', KEYS[3], 'enqueued', n)
 local out = {}
@@ -51,6 +75,7 @@ if not idle then return out end
 local left = n
 for _, worker in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], ARGV[2], '+inf')) do
   local entry = redis.call('LINDEX', KEYS[1], -1)  -- the oldest ready job, as a fetch would take it
+  if not entry then break end  -- every job went to its key's list
   local at = string.find(entry, '{', 1, true)
   local id = at and string.sub(entry, 1, at - 1)
   local lease_ms = tonumber(redis.call('HGET', KEYS[8], worker))

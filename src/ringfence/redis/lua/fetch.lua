@@ -88,7 +88,8 @@ local function lease(entry)
 end
 
 local keyed = redis.call('EXISTS', pfx .. 'ring', pfx .. 'parked') > 0
--- Without keyed jobs waiting, entries are leased in queue order; a keyed one found goes to its key's list.
+-- Without keyed jobs waiting, entries are leased in queue order; a keyed one found goes to its key's list (a job
+-- ready at enqueue is put there by enqueue_ready.lua; one queued later, or by enqueue.lua, is found here).
 -- With them, a bounded batch of pending is sorted into the keys' lists first (plain entries to key ''), so a
 -- backlog of one key is passed over in a few calls, not one job at a time.
 local function take(n)
@@ -116,12 +117,17 @@ local function take(n)
   return #entries
 end
 local batch = math.max(max, 1000)
+local empty  -- pending is empty when a pop took fewer entries than it asked for
 if keyed then
-  take(batch)
-elseif take(max) == max and keyed and batch > max then  -- keyed jobs found: sort on as far as a keyed call would
-  take(batch - max)
+  empty = take(batch) < batch
+else
+  local got = take(max)
+  empty = got < max
+  if got == max and keyed and batch > max then  -- keyed jobs found: sort on as far as a keyed call would
+    empty = take(batch - max) < batch - max
+  end
 end
-local empty = redis.call('LLEN', KEYS[1]) == 0
+empty = empty or redis.call('LLEN', KEYS[1]) == 0
 if keyed then
   local now = ARGV[6]  -- a string: a Lua number passed to redis.call is formatted anew each time
   if not now then
