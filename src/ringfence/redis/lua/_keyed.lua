@@ -23,10 +23,24 @@ local function entry_key(spec)
   return string.match(spec, '^,"ck":"([^"]*)","cl":(%d+)', at)
 end
 
--- Sort pending entries into their keys' lists: sorted[key] holds the key's entries in queue order (order: the
--- keys as first seen); a key joins the ring when its list was empty. The queue's stats count them in
--- 'keyed_waiting' (queries.py adds them to pending).
-local function sort(pfx, stats, order, sorted, limits)
+-- Entries grouped by key for sort(): g.sorted[key] holds the key's entries in queue order, g.order the keys as
+-- first seen, g.limits their limits.
+local function new_groups() return {sorted = {}, order = {}, limits = {}} end
+local function group(g, key, limit, entry)
+  local entries = g.sorted[key]
+  if not entries then
+    entries = {}
+    g.sorted[key] = entries
+    g.order[#g.order + 1] = key
+  end
+  entries[#entries + 1] = entry
+  g.limits[key] = limit or g.limits[key]
+end
+
+-- Sort grouped entries (new_groups, group) into their keys' lists; a key joins the ring when its list was empty.
+-- The queue's stats count them in 'keyed_waiting' (queries.py adds them to pending).
+local function sort(pfx, stats, g)
+  local order, sorted, limits = g.order, g.sorted, g.limits
   local total = 0
   for _, key in ipairs(order) do
     total = total + #sorted[key]

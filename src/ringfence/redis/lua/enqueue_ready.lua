@@ -49,21 +49,12 @@ if KEYS[9] then
     {'HINCRBY', KEYS[3], 'keyed_waiting', '1'}})
   if refused then return refused end
   ready = {'', ''}
-  local order, sorted, limits = {}, {}, {}
+  local groups = new_groups()
   for i = 3, #ARGV do
     local key, limit = entry_key(ARGV[i])  -- an inline entry's id holds no ',"ck":"': read in place
-    if key then
-      if not sorted[key] then
-        sorted[key] = {}
-        order[#order + 1] = key
-      end
-      sorted[key][#sorted[key] + 1] = ARGV[i]
-      limits[key] = limit
-    else
-      ready[#ready + 1] = ARGV[i]
-    end
+    if key then group(groups, key, limit, ARGV[i]) else ready[#ready + 1] = ARGV[i] end
   end
-  sort(KEYS[9], KEYS[3], order, sorted, limits)
+  sort(KEYS[9], KEYS[3], groups)
 end
 for i = 3, #ready, 1000 do  -- one LPUSH per 1,000 jobs: unpack is bounded by Lua's C stack
   redis.call('LPUSH', KEYS[1], unpack(ready, i, math.min(i + 999, #ready)))

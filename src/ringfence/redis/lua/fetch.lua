@@ -94,26 +94,20 @@ local keyed = redis.call('EXISTS', pfx .. 'ring', pfx .. 'parked') > 0
 -- backlog of one key is passed over in a few calls, not one job at a time.
 local function take(n)
   local entries = redis.call('RPOP', KEYS[1], n) or {}
-  local order, sorted, limits = {}, {}, {}
+  local groups = new_groups()
   for _, entry in ipairs(entries) do
     -- an inline entry's id holds neither ',"ck":"' nor ',"a":': its key is read in place, no substring made
     local spec = string.find(entry, '{', 1, true) and entry or redis.call('HGET', KEYS[2], entry)
     local key, limit = nil, nil
     if spec then key, limit = entry_key(spec) end
     if key or keyed then
-      key = key or ''
-      if not sorted[key] then
-        sorted[key] = {}
-        order[#order + 1] = key
-      end
-      sorted[key][#sorted[key] + 1] = entry
-      limits[key] = limit or limits[key]
+      group(groups, key or '', limit, entry)
       keyed = true
     else
       lease(entry)
     end
   end
-  sort(pfx, KEYS[7], order, sorted, limits)
+  sort(pfx, KEYS[7], groups)
   return #entries
 end
 local batch = math.max(max, 1000)
