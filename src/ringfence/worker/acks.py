@@ -8,6 +8,8 @@ import asyncio
 import logging
 import time
 from collections import defaultdict, deque
+from collections.abc import Coroutine
+from typing import Any
 
 from ringfence.offloop import HOP
 from ringfence.redis.broker import Broker
@@ -22,6 +24,8 @@ log = logging.getLogger("ringfence.worker")
 #: the writes of about the last replication lag.
 SENT_KEPT_S = 10.0
 SENT_KEPT_MAX = 100_000  # at most this many (the newest): a bounded memory at any rate
+#: A check after a failover whose queue's node does not answer yet is tried again this often.
+CHECK_AGAIN_S = 0.5
 #: At a stop, acks a node did not take are sent again for this long at most: a Sentinel failover takes 3-4 s, a
 #: Cluster's the node timeout and an election.
 STOP_RETRY_S = 5.0
@@ -35,7 +39,9 @@ class Acks:
         self._raw: dict[tuple[str, str], bytes] = {}  # (id, token) -> the fetched spec, for the inline entry
         # (monotonic, queue, id, token, spec) of the acks sent in the last SENT_KEPT_S
         self._sent: deque[tuple[float, str, str, str, bytes]] = deque(maxlen=SENT_KEPT_MAX)
-        self._checks: set[asyncio.Task[None]] = set()
+        self._checks: set[asyncio.Task[object]] = set()
+        self._resent: set[tuple[str, str]] = set()  # (id, token) of acks kept after a flush that failed
+        self._unchecked_since: float | None = None  # a failure whose check has not run: _sent is kept from before it
         self._count = 0  # acks pending, all queues
         self._ready = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
@@ -55,7 +61,9 @@ class Acks:
         self._flusher = asyncio.create_task(self._loop(), name="acker")
         loop = asyncio.get_running_loop()
 
-        def recovered(since: float) -> None:
+        def recovered(since: float) -> None:  # before the call that saw Redis answer returns, so before a prune
+            held = self._unchecked_since
+            self._unchecked_since = since if held is None else min(held, since)
             loop.call_soon_threadsafe(self._check_after, since)
 
         self.broker.health.on_recovered.append(recovered)
@@ -81,6 +89,8 @@ class Acks:
                 await asyncio.sleep(0.2)
         if self._flusher is not None:
             self._flusher.cancel()
+        if self._checks:  # a rerun's record is worth a short wait
+            await asyncio.wait(list(self._checks), timeout=STOP_RETRY_S)
 
     async def _loop(self) -> None:
         while True:
@@ -134,44 +144,68 @@ class Acks:
         self._sent.append((at, queue, job_id, token, raw))
 
     def _keep_sent(self, queue: str, pairs: list[tuple[str, str]], lost: set[str]) -> None:
-        now = time.monotonic()
+        now, wall_ms = time.monotonic(), int(time.time() * 1000)
+        refused: list[tuple[str, str, bytes, int]] = []
         for job_id, token in pairs:
             raw = self._raw.pop((job_id, token), b"")
+            resent = (job_id, token) in self._resent
+            self._resent.discard((job_id, token))
             if job_id not in lost:
                 self._sent.append((now, queue, job_id, token, raw))
-        while self._sent and self._sent[0][0] < now - SENT_KEPT_S:
+            elif resent:
+                refused.append((job_id, token, raw, wall_ms))
+        kept_from = (now if self._unchecked_since is None else min(now, self._unchecked_since)) - SENT_KEPT_S
+        while self._sent and self._sent[0][0] < kept_from:
             self._sent.popleft()
+        if refused:  # sent again after a failure and refused: the master answering now never had the fetch
+            self._spawn(self._check(queue, refused))
 
     def _check_after(self, since: float) -> None:
         """Redis answers again after failing at ``since``: check the acks sent shortly before (a failover may
         have lost them), in the background."""
-        task = asyncio.get_running_loop().create_task(self.check_lost(since))
+        self._spawn(self.check_lost(since))
+
+    def _spawn(self, check: Coroutine[Any, Any, object]) -> None:
+        task = asyncio.get_running_loop().create_task(check)
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)
 
     async def check_lost(self, since: float) -> None:
         """Record the jobs whose ack, sent before ``since``, the master answering now does not have: they run
         again (ack_lost.lua); the ones still leased to this worker are acked again. A queue whose node does not
-        answer yet is checked at the next recovery; a checked ack is not checked again."""
-        by_queue: dict[str, list[tuple[str, str, bytes, int]]] = defaultdict(list)
-        wall_ms, now = int(time.time() * 1000), time.monotonic()
-        for at, queue, job_id, token, raw in self._sent:
-            if at <= since:
-                by_queue[queue].append((job_id, token, raw, wall_ms - int((now - at) * 1000)))
-        checked: set[tuple[str, str]] = set()
-        for queue, sent in by_queue.items():
-            try:
-                rerun, ours = await self.broker.arun(self.broker.ack_lost(queue, sent[0][1].rpartition(".")[0], sent))
-            except UNAVAILABLE:
-                continue
-            except Exception as exc:  # a check that cannot run costs a record, never the worker
-                log.warning("the check of %d ack(s) of %s sent before Redis failed did not run (%s: %s)", len(sent),
-                            queue, type(exc).__name__, exc)
-            else:
-                self._rerun(queue, sent, rerun, ours)
-            checked.update((queue, s[0]) for s in sent)
-        if checked:
-            self._sent = deque((e for e in self._sent if (e[1], e[2]) not in checked), maxlen=SENT_KEPT_MAX)
+        answer yet is asked again every ``CHECK_AGAIN_S`` for up to ``SENT_KEPT_S``; a checked ack is not checked
+        again."""
+        deadline = time.monotonic() + SENT_KEPT_S
+        while True:
+            by_queue: dict[str, list[tuple[str, str, bytes, int]]] = defaultdict(list)
+            wall_ms, now = int(time.time() * 1000), time.monotonic()
+            for at, queue, job_id, token, raw in self._sent:
+                if at <= since:
+                    by_queue[queue].append((job_id, token, raw, wall_ms - int((now - at) * 1000)))
+            checked: set[tuple[str, str]] = set()
+            for queue, sent in by_queue.items():
+                if await self._check(queue, sent):
+                    checked.update((queue, s[0]) for s in sent)
+            if checked:
+                self._sent = deque((e for e in self._sent if (e[1], e[2]) not in checked), maxlen=SENT_KEPT_MAX)
+            if len(checked) == sum(map(len, by_queue.values())) or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(CHECK_AGAIN_S)
+        if self._unchecked_since is not None and self._unchecked_since <= since:
+            self._unchecked_since = None
+
+    async def _check(self, queue: str, sent: list[tuple[str, str, bytes, int]]) -> bool:
+        """ack_lost.lua on ``sent`` (id, token, spec, finished ms); False when the queue's node does not answer."""
+        try:
+            rerun, ours = await self.broker.arun(self.broker.ack_lost(queue, sent[0][1].rpartition(".")[0], sent))
+        except UNAVAILABLE:
+            return False
+        except Exception as exc:  # a check that cannot run costs a record, never the worker
+            log.warning("the check of %d ack(s) of %s sent before Redis failed did not run (%s: %s)", len(sent),
+                        queue, type(exc).__name__, exc)
+        else:
+            self._rerun(queue, sent, rerun, ours)
+        return True
 
     def _rerun(self, queue: str, sent: list[tuple[str, str, bytes, int]], rerun: list[str], ours: list[str]) -> None:
         if rerun:
@@ -186,6 +220,7 @@ class Acks:
         """What was not acked goes into the next flush."""
         for queue, left in pending.items():
             self._pending[queue].extend(left)
+            self._resent.update(left)
             self._count += len(left)
 
 
