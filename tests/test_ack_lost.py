@@ -22,6 +22,13 @@ from ringfence.worker.acks import Acks
 SPEC = b'{"t":"noop","a":{"n":1},"e":1}'
 
 
+def _kill(server: EmbeddedRedis) -> None:
+    """SIGKILL, as a master dies in a failover; a new server on its port plays the promoted replica."""
+    assert server.process is not None
+    server.process.kill()
+    server.process.wait()
+
+
 async def test_acks_checked_after_an_outage(redis_url: str, namespace: str) -> None:
     b = Broker(redis_url, namespace)
     acks = Acks(b)
@@ -65,9 +72,7 @@ async def test_an_ack_that_failed_then_was_refused_is_recorded(private_redis: Em
         [(job_id, raw, attempt)] = await b.arun(b.fetch("q", 1, b.clock() + 60_000, "w1.1"))
         assert (job_id, attempt) == ("gone", 1)
         acks.add("q", "gone", "w1.1", raw)
-        assert private_redis.process is not None
-        private_redis.process.kill()
-        private_redis.process.wait()
+        _kill(private_redis)
         with pytest.raises(UNAVAILABLE):
             await acks.flush()
         promoted = EmbeddedRedis.temporary(port=private_redis.port)
@@ -96,9 +101,7 @@ async def test_a_check_that_found_the_node_down_is_tried_again(private_redis: Em
         [(_, raw, _)] = await b.arun(b.fetch("q", 1, b.clock() + 60_000, "w1.1"))
         acks.add("q", "back", "w1.1", raw)
         await acks.flush()
-        assert private_redis.process is not None
-        private_redis.process.kill()
-        private_redis.process.wait()
+        _kill(private_redis)
         check = asyncio.create_task(acks.check_lost(time.monotonic()))
         await asyncio.sleep(1.0)
         assert not check.done()
@@ -126,9 +129,7 @@ async def test_acks_sent_before_a_long_failover_are_kept_for_its_check(private_r
         acks.start()
         acks.add("q", "back", "w1.1", fetched["back"])
         await acks.flush()
-        assert private_redis.process is not None
-        private_redis.process.kill()
-        private_redis.process.wait()
+        _kill(private_redis)
         acks.add("q", "later", "w1.1", fetched["later"])  # the flusher fails, and tries again every 0.5 s
         await asyncio.sleep(1.0)
         promoted = EmbeddedRedis.temporary(port=private_redis.port)

@@ -148,8 +148,9 @@ class Acks:
         refused: list[tuple[str, str, bytes, int]] = []
         for job_id, token in pairs:
             raw = self._raw.pop((job_id, token), b"")
-            resent = (job_id, token) in self._resent
-            self._resent.discard((job_id, token))
+            resent = bool(self._resent) and (job_id, token) in self._resent  # empty unless a flush failed
+            if resent:
+                self._resent.discard((job_id, token))
             if job_id not in lost:
                 self._sent.append((now, queue, job_id, token, raw))
             elif resent:
