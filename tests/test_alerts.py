@@ -46,7 +46,7 @@ async def test_alert_fires_once_per_incident_and_resolves(make_app) -> None:
     await asyncio.to_thread(a.evaluator.release)
     assert await b.tick() == [] and await b.tick() == []
 
-    worker = Worker(app)  # a consumer arrives and drains the queue
+    worker = Worker(app, alerts=False)  # a consumer arrives and drains the queue; only b evaluates
     runner = asyncio.create_task(worker.run())
     try:
         await asyncio.to_thread(wait_until, lambda: app.broker.queue_counts("default")["stats"].get("processed"))
@@ -117,7 +117,7 @@ async def test_error_wave_of_one_unregistered_task_fires_once_then_resolves_once
                        interval_s=0.1, lease_s=5.0)
     loop = AlertLoop(app, rules)
     events = []
-    worker = Worker(app)
+    worker = Worker(app, alerts=False)  # its own alert loop would race this one for the lease
     runner = asyncio.create_task(worker.run())
     try:
         for _ in range(50):  # 5 s of evaluations, a deferral every 0.3 s
