@@ -28,3 +28,14 @@ def test_the_breaker_transition_is_written_once_and_joined_into_both_breaker_scr
         source = script(name).source
         assert source.count("local function move(") == 1, name
         assert source.index("local function move(") < source.index("state = move(b, KEYS[2], state, "), name
+
+
+def test_a_workflow_steps_ack_is_written_once_and_joined_into_both_step_scripts() -> None:
+    defining = sorted(f.name for f in LUA.iterdir()
+                      if f.name.endswith(".lua") and "function ack_step(" in f.read_text())
+    assert defining == ["_ack_step.lua"]
+    for name in ("advance", "wf_ack"):
+        source = script(name).source
+        assert source.count("local function ack_step(") == 1, name
+        assert source.index("local function per_minute(") < source.index("local function ack_step(") < source.index(
+            "if not ack_step(id, ARGV[4], now) then return -1 end"), name

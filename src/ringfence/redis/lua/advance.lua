@@ -19,13 +19,9 @@
 --@include workflow
 --@include depends
 --@include per_minute
-local id = ARGV[3]
-if redis.call('HGET', KEYS[2], id) ~= ARGV[4] then return -1 end
-local now = tonumber(ARGV[1])
-redis.call('ZREM', KEYS[1], id)
-for k = 2, 5 do redis.call('HDEL', KEYS[k], id) end
-redis.call('HINCRBY', KEYS[6], 'processed', 1)
-per_minute(KEYS[7], 'p', now, 1)
+--@include ack_step
+local id, now = ARGV[3], tonumber(ARGV[1])
+if not ack_step(id, ARGV[4], now) then return -1 end
 local queued = step_done(KEYS[10], ARGV[5], ARGV[6], ARGV[1], KEYS[3], KEYS[8], KEYS[13])
   + deps_done(KEYS[11], KEYS[12], KEYS[8], {id})
 woke(queued, KEYS[9], now, ARGV[2], KEYS[6])

@@ -11,13 +11,9 @@
 --@include workflow
 --@include depends
 --@include per_minute
-local id = ARGV[3]
-if redis.call('HGET', KEYS[2], id) ~= ARGV[4] then return -1 end
-local now = tonumber(ARGV[1])
-redis.call('ZREM', KEYS[1], id)
-for k = 2, 5 do redis.call('HDEL', KEYS[k], id) end
-redis.call('HINCRBY', KEYS[6], 'processed', 1)
-per_minute(KEYS[7], 'p', now, 1)
+--@include ack_step
+local id, now = ARGV[3], tonumber(ARGV[1])
+if not ack_step(id, ARGV[4], now) then return -1 end
 redis.call('ZADD', KEYS[12], now, id)
 redis.call('HSET', KEYS[13], id, ARGV[5])
 local queued = deps_done(KEYS[10], KEYS[11], KEYS[8], {id})
