@@ -7,6 +7,9 @@ Each drain has a private redis-server and one ``ringfence worker`` process (``--
   with ``concurrency_key="account:{account}"`` and ``concurrency_limit=--limit``;
 - plain: the same jobs of the same task declared without a key (a plain queue: FIFO).
 
+``--body``: the handler also runs the peer bench's equal-terms body (``bench/peers/adapters/peerjob.py``: one
+pipelined round trip to a metrics database, here db 15 of the drain's redis-server), a job that does something.
+
 A worker starts and goes idle, is stopped (SIGSTOP), the jobs are enqueued (``enqueue_many``), and it is let go
 (SIGCONT): time 0. Each small key's job records when it started. The two drains of a pair run side by side, let go
 together, so a host shared with other work loads both alike (``--apart``: one after the other); each one's rate
@@ -42,10 +45,14 @@ from ringfence.redis.embedded import EmbeddedRedis, free_port
 from ringfence.redis.scripts import script
 from ringfence.tasks import JobContext
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers", "adapters"))
+import peerjob  # the peer bench's body (its adapters are not a package)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 URL = os.environ.get("FAIR_KEYS_URL")
 LIMIT = int(os.environ.get("FAIR_KEYS_LIMIT", "10"))
 SYNC = os.environ.get("FAIR_KEYS_SYNC") == "1"
+BODY = os.environ.get("FAIR_KEYS_BODY") == "1"
 _r = redis.Redis.from_url(URL) if URL else None
 
 
@@ -54,27 +61,32 @@ def _started(account: str) -> None:
         _r.rpush("fair:starts", f"{account} {time.time()}")
 
 
-def declare(app: App, keyed: bool, limit: int, sync: bool = False) -> Any:
-    """The bench's no-op task in ``app``: with a concurrency key, or plain; ``def`` or ``async def``."""
+def declare(app: App, keyed: bool, limit: int, sync: bool = False, body: bool = False) -> Any:
+    """The bench's task in ``app``: with a concurrency key, or plain; ``def`` or ``async def``; a no-op, or the
+    peer bench's body (``body``)."""
     key: dict[str, Any] = {"concurrency_key": "account:{account}", "concurrency_limit": limit} if keyed else {}
     if sync:
         @app.task(name="fair.job", queue="fair", **key)
         def job(ctx: JobContext, account: str, n: int) -> None:
             _started(account)
+            if body:
+                peerjob.body()
 
         return job
 
     @app.task(name="fair.job", queue="fair", **key)
     async def ajob(ctx: JobContext, account: str, n: int) -> None:
         _started(account)
+        if body:
+            await peerjob.abody()
 
     return ajob
 
 
 keyed_app = App(URL, "fair")  # the worker's apps (``--app bench.fair_keys:keyed_app``)
 plain_app = App(URL, "fair")
-declare(keyed_app, True, LIMIT, SYNC)
-declare(plain_app, False, LIMIT, SYNC)
+declare(keyed_app, True, LIMIT, SYNC, BODY)
+declare(plain_app, False, LIMIT, SYNC, BODY)
 
 
 def cpu_s(pid: int) -> float:
@@ -122,13 +134,14 @@ class Drain:
             self.rdb.config_set("slowlog-max-len", 2_000_000)
         self.scripts = scripts
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "src"), ROOT]), "FAIR_KEYS_URL": url,
-               "FAIR_KEYS_LIMIT": str(args.limit), "FAIR_KEYS_SYNC": "1" if args.sync else "0"}
+               "FAIR_KEYS_LIMIT": str(args.limit), "FAIR_KEYS_SYNC": "1" if args.sync else "0",
+               "FAIR_KEYS_BODY": "1" if args.body else "0", "PEERS_METRICS_URL": f"{url[:-1]}15"}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app",
                                           f"bench.fair_keys:{kind}_app", "--queues", "fair", "--concurrency",
                                           str(args.concurrency)], env=env, stdout=log, stderr=log)
         self.app = App(url, "fair")
-        task = declare(self.app, kind == "keyed", args.limit, args.sync)
+        task = declare(self.app, kind == "keyed", args.limit, args.sync, args.body)
         deadline = time.monotonic() + 60
         while not self.app.broker.servers():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -175,6 +188,9 @@ class Drain:
             first.setdefault(key, float(at) - self.t0)
             last = max(last, float(at) - self.t0)
         assert len(first) == self.args.small, f"{len(first)} small keys ran, {self.args.small} expected"
+        if self.args.body:  # every body ran its round trip
+            metrics = redis.Redis(port=self.server.port, db=15)
+            assert int(metrics.get(peerjob.DONE) or 0) == self.total, metrics.get(peerjob.DONE)
         return {"jobs_s": done / window_s, "elapsed_s": self.elapsed, "small_last_s": last,
                 "small_first_max_s": max(first.values()), "cpu_us": cpu / done * 1e6, "redis_us": rcpu / done * 1e6,
                 "total_us": (cpu + rcpu) / done * 1e6, "load": os.getloadavg()[0], "scripts": costs}
@@ -237,6 +253,8 @@ def main() -> int:
     ap.add_argument("--apart", action="store_true", help="a pair's drains one after the other (alternated), not "
                     "side by side")
     ap.add_argument("--sync", action="store_true", help="a def handler (the job threads), not async def")
+    ap.add_argument("--body", action="store_true", help="the handler runs the peer bench's body (one pipelined "
+                    "round trip to a metrics database), not a no-op")
     ap.add_argument("--scripts", action="store_true", help="one more pair, apart, every Redis command logged: the "
                     "script calls per job and their µs per call")
     args = ap.parse_args()
@@ -261,7 +279,8 @@ def main() -> int:
 
     loads = [r["load"] for rs in results.values() for r in rs]
     print(f"{args.big:,} jobs of one key + {args.small} keys x {args.per_key}, limit {args.limit}, worker "
-          f"concurrency {args.concurrency}, {'def' if args.sync else 'async def'} handler, drains "
+          f"concurrency {args.concurrency}, {'def' if args.sync else 'async def'} "
+          f"{'handler with the peer body' if args.body else 'no-op'}, drains "
           f"{'apart' if args.apart else 'side by side'}; medians of {args.rounds} (load average {min(loads):.1f}-"
           f"{max(loads):.1f}):")
     for kind in ("plain", "keyed"):
