@@ -135,7 +135,7 @@ class Drain:
         self.scripts = scripts
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "src"), ROOT]), "FAIR_KEYS_URL": url,
                "FAIR_KEYS_LIMIT": str(args.limit), "FAIR_KEYS_SYNC": "1" if args.sync else "0",
-               "FAIR_KEYS_BODY": "1" if args.body else "0", "PEERS_METRICS_URL": f"{url[:-1]}15"}
+               "FAIR_KEYS_BODY": "1" if args.body else "0", "PEERS_METRICS_URL": f"redis://127.0.0.1:{self.server.port}/15"}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app",
                                           f"bench.fair_keys:{kind}_app", "--queues", "fair", "--concurrency",
@@ -189,8 +189,9 @@ class Drain:
             last = max(last, float(at) - self.t0)
         assert len(first) == self.args.small, f"{len(first)} small keys ran, {self.args.small} expected"
         if self.args.body:  # every body ran its round trip
-            metrics = redis.Redis(port=self.server.port, db=15)
-            assert int(metrics.get(peerjob.DONE) or 0) == self.total, metrics.get(peerjob.DONE)
+            with redis.Redis(port=self.server.port, db=15) as metrics:
+                done_bodies = int(metrics.get(peerjob.DONE) or 0)
+            assert done_bodies == self.total, f"{done_bodies} bodies ran, {self.total} expected"
         return {"jobs_s": done / window_s, "elapsed_s": self.elapsed, "small_last_s": last,
                 "small_first_max_s": max(first.values()), "cpu_us": cpu / done * 1e6, "redis_us": rcpu / done * 1e6,
                 "total_us": (cpu + rcpu) / done * 1e6, "load": os.getloadavg()[0], "scripts": costs}
