@@ -135,7 +135,8 @@ class Drain:
         self.scripts = scripts
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "src"), ROOT]), "FAIR_KEYS_URL": url,
                "FAIR_KEYS_LIMIT": str(args.limit), "FAIR_KEYS_SYNC": "1" if args.sync else "0",
-               "FAIR_KEYS_BODY": "1" if args.body else "0", "PEERS_METRICS_URL": f"redis://127.0.0.1:{self.server.port}/15"}
+               "FAIR_KEYS_BODY": "1" if args.body else "0",
+               "PEERS_METRICS_URL": f"redis://127.0.0.1:{self.server.port}/15"}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "worker", "--app",
                                           f"bench.fair_keys:{kind}_app", "--queues", "fair", "--concurrency",

@@ -258,27 +258,30 @@ def test_an_attempt_whose_lease_moved_on_acks_no_step(make_app, rdb: redis.Redis
     b = app.broker
     wid = ringfence.chain(first.s(), second.s()).enqueue()
 
-    def fetch_twice(queue: str) -> tuple[str, str]:
-        """The job fetched by a lease that lapses, recovered, then fetched again: (job id, the first token)."""
+    def fetch_twice(queue: str) -> str:
+        """The id of the job fetched by a lease that lapses ("lapsed"), recovered, then fetched again ("holder")."""
         [(job_id, _, _)] = b.run(b.fetch(queue, 1, b.clock() - 1, "lapsed"))
         assert b.run(b.recover(queue)) == [job_id]
         [(again, _, attempt)] = b.run(b.fetch(queue, 1, b.clock() + 60_000, "holder"))
         assert (again, attempt) == (job_id, 2)
-        return job_id, "lapsed"
+        return job_id
 
-    job_id, lapsed = fetch_twice("wfl")
+    job_id = fetch_twice("wfl")
     stats = b.keys.queue("wfl").stats
-    assert b.run(workflows.advance(b, "wfl", job_id, lapsed, wid, 0, b"1"))[0] == -1
+    assert b.run(workflows.advance(b, "wfl", job_id, "lapsed", wid, 0, b"1"))[0] == -1
     assert b.queue_counts("wfl")["pending"] == 0 and not rdb.hget(stats, "processed")
     assert b.run(workflows.advance(b, "wfl", job_id, "holder", wid, 0, b"1"))[0] == 1  # the second step queued
     assert int(rdb.hget(stats, "processed")) == 1
 
     plain = app.task(name="wfl.other", queue="wfl_other")(lambda ctx: None)
     plain.enqueue()
-    job_id, lapsed = fetch_twice("wfl_other")
+    job_id = fetch_twice("wfl_other")
     back = workflows.Back("wfl", wid, 1, "d", "null")
-    recorded = lambda: [m for k in rdb.scan_iter(f"{app.namespace}:*wf-back") for m in rdb.zrange(k, 0, -1)]  # noqa: E731
-    assert b.run(workflows.step_ack(b, "wfl_other", job_id, lapsed, back)) == -1
+
+    def recorded() -> list[bytes]:
+        return [m for k in rdb.scan_iter(f"{app.namespace}:*wf-back") for m in rdb.zrange(k, 0, -1)]
+
+    assert b.run(workflows.step_ack(b, "wfl_other", job_id, "lapsed", back)) == -1
     assert recorded() == []
     assert b.run(workflows.step_ack(b, "wfl_other", job_id, "holder", back)) == 0
     assert recorded() == [job_id.encode()]
